@@ -1,0 +1,299 @@
+"""The job spec: pydantic models, presets, and checks that name the field and the fix.
+
+`load_spec(path)` and `parse_spec(dict)` are the only entry points; both raise
+`SpecError` (a list of `Problem(field, message)`) and never a raw traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+MAX_WORLD = 65536
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# name -> (layers, d_model, heads, vocab, seq_len). tiny: tests; small: demo on 2 CPU
+# cores; the rest exist for planning (parameter and FLOP counts), built on `meta`.
+PRESETS: dict[str, dict[str, int]] = {
+    "tiny": dict(layers=4, d_model=64, heads=4, vocab=256, seq_len=32),
+    "small": dict(layers=8, d_model=256, heads=8, vocab=1024, seq_len=128),
+    "1b": dict(layers=16, d_model=2048, heads=32, vocab=128256, seq_len=4096),
+    "8b": dict(layers=32, d_model=4096, heads=32, vocab=128256, seq_len=8192),
+    "70b": dict(layers=80, d_model=8192, heads=64, vocab=128256, seq_len=8192),
+}
+
+
+class ModelSpec(Strict):
+    preset: Literal["tiny", "small", "1b", "8b", "70b"] | None = None
+    layers: int = Field(gt=0, le=1024)
+    d_model: int = Field(gt=0, le=65536)
+    heads: int = Field(gt=0, le=1024)
+    vocab: int = Field(ge=2, le=1_048_576)
+    seq_len: int = Field(ge=2, le=1_048_576)
+    ffn_hidden: int | None = Field(default=None, gt=0, le=1_048_576)
+    rope_theta: float = Field(default=10000.0, gt=0)
+    norm_eps: float = Field(default=1e-5, gt=0, lt=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") in PRESETS:
+            return {**PRESETS[data["preset"]], **data}
+        return data
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.heads
+
+    @property
+    def ffn(self) -> int:
+        """SwiGLU hidden size: ~8/3 d_model rounded up to a multiple of 64."""
+        if self.ffn_hidden is not None:
+            return self.ffn_hidden
+        return -(-int(8 * self.d_model / 3) // 64) * 64
+
+
+DataSource = str  # "synthetic" | "text:PATH" | "tokens:PATH"
+
+
+class DataSpec(Strict):
+    source: DataSource = "synthetic"
+    seed: int = Field(default=0, ge=0, lt=2**63)
+    token_dtype: Literal["uint16", "uint32"] = "uint16"
+
+    @model_validator(mode="after")
+    def _source_form(self) -> "DataSpec":
+        kind, _, path = self.source.partition(":")
+        if kind == "synthetic" and not path:
+            return self
+        if kind in ("text", "tokens") and path:
+            return self
+        raise ValueError(
+            f"source {self.source!r} is not understood; use 'synthetic', 'text:PATH' or 'tokens:PATH'"
+        )
+
+    @property
+    def kind(self) -> str:
+        return self.source.partition(":")[0]
+
+    @property
+    def path(self) -> str:
+        return self.source.partition(":")[2]
+
+
+class ParallelSpec(Strict):
+    dp: int = Field(default=1, ge=1, le=MAX_WORLD)
+    pp: int = Field(default=1, ge=1, le=1024)
+    tp: int = Field(default=1, ge=1, le=1024)
+    zero: Literal[0, 2, 3] = 3
+    pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
+    virtual_stages: int = Field(default=1, ge=1, le=64)
+    microbatches: int = Field(default=1, ge=1, le=4096)
+    activation_checkpointing: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.pp * self.tp
+
+
+class TrainSpec(Strict):
+    steps: int = Field(gt=0, le=10**9)
+    global_batch: int = Field(gt=0, le=10**7)
+    lr: float = Field(default=3e-4, gt=0, le=1)
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    warmup_steps: int = Field(default=0, ge=0)
+    weight_decay: float = Field(default=0.1, ge=0, le=1)
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float | None = Field(default=1.0, gt=0)
+    seed: int = Field(default=0, ge=0, lt=2**63)
+
+
+class CheckpointSpec(Strict):
+    every_steps: int = Field(default=50, gt=0)
+    keep: int = Field(default=3, ge=1, le=1000)
+    mode: Literal["sync", "async"] = "async"
+    root: str | None = None
+
+
+class StragglerSpec(Strict):
+    slowdown: float = Field(default=1.5, gt=1, le=100)
+    window_steps: int = Field(default=20, ge=1, le=10000)
+    action: Literal["replace", "report"] = "replace"
+
+
+class FaultToleranceSpec(Strict):
+    spares: int = Field(default=0, ge=0, le=MAX_WORLD)
+    heartbeat_s: float = Field(default=0.5, gt=0, le=60)
+    dead_after_s: float = Field(default=2.0, gt=0, le=3600)
+    hang_after_s: float = Field(default=60.0, gt=0, le=86400)
+    straggler: StragglerSpec = StragglerSpec()
+    min_dp: int = Field(default=1, ge=1)
+    max_restarts: int = Field(default=20, ge=0, le=10000)
+
+
+class JobSpec(Strict):
+    name: str = Field(min_length=1, max_length=63)
+    model: ModelSpec
+    data: DataSpec = DataSpec()
+    parallel: ParallelSpec = ParallelSpec()
+    train: TrainSpec
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    fault_tolerance: FaultToleranceSpec = FaultToleranceSpec()
+
+
+@dataclass(frozen=True)
+class Problem:
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+class SpecError(ValueError):
+    """An invalid spec; `problems` names each field and its fix."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("invalid job spec:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def consistency_problems(s: JobSpec) -> list[Problem]:
+    """Checks that span fields; each message says how to fix it."""
+    m, p, t = s.model, s.parallel, s.train
+    out: list[Problem] = []
+
+    def bad(field: str, msg: str) -> None:
+        out.append(Problem(field, msg))
+
+    if not NAME_RE.match(s.name):
+        bad("name", f"{s.name!r} must be lowercase letters, digits and '-', starting and ending "
+                    "with a letter or digit (it names the checkpoint directory)")
+    if p.world_size > MAX_WORLD:
+        bad("parallel", f"dp*pp*tp = {p.world_size} exceeds {MAX_WORLD} ranks; lower dp, pp or tp")
+    if m.d_model % m.heads:
+        bad("model.heads", f"d_model ({m.d_model}) must be divisible by heads ({m.heads}); "
+                           f"choose heads in {{{_divisors(m.d_model)}}}")
+    elif m.head_dim % 2:
+        bad("model.heads", f"head dim d_model/heads = {m.head_dim} must be even for RoPE; "
+                           "halve heads or double d_model")
+    if m.heads % p.tp:
+        bad("parallel.tp", f"model.heads ({m.heads}) must be divisible by tp ({p.tp}); "
+                           f"choose tp in {{{_divisors(m.heads)}}}")
+    if m.ffn % p.tp:
+        bad("parallel.tp", f"MLP hidden size ({m.ffn}) must be divisible by tp ({p.tp}); "
+                           "set model.ffn_hidden to a multiple of tp")
+    stages = p.pp * p.virtual_stages
+    if m.layers % stages:
+        bad("model.layers", f"layers ({m.layers}) must be divisible by pp*virtual_stages "
+                            f"({p.pp}*{p.virtual_stages} = {stages}); change layers or pp")
+    if p.pp_schedule == "interleaved_1f1b":
+        if p.virtual_stages < 2:
+            bad("parallel.virtual_stages", "interleaved_1f1b needs virtual_stages >= 2; "
+                                           "set it or use pp_schedule 1f1b")
+        if p.microbatches % p.pp:
+            bad("parallel.microbatches", f"interleaved_1f1b needs microbatches ({p.microbatches}) "
+                                         f"divisible by pp ({p.pp})")
+    elif p.virtual_stages != 1:
+        bad("parallel.virtual_stages", f"virtual_stages > 1 needs pp_schedule interleaved_1f1b "
+                                       f"(got {p.pp_schedule}); set virtual_stages: 1")
+    if p.pp > 1 and p.microbatches < p.pp:
+        bad("parallel.microbatches", f"microbatches ({p.microbatches}) must be >= pp ({p.pp}) "
+                                     "or the pipeline never fills; raise microbatches")
+    if t.global_batch % (p.dp * p.microbatches):
+        bad("train.global_batch", f"global_batch ({t.global_batch}) must be divisible by "
+                                  f"dp*microbatches ({p.dp}*{p.microbatches} = {p.dp * p.microbatches})")
+    if t.warmup_steps > t.steps:
+        bad("train.warmup_steps", f"warmup_steps ({t.warmup_steps}) exceeds steps ({t.steps})")
+    ft = s.fault_tolerance
+    if ft.dead_after_s < 2 * ft.heartbeat_s:
+        bad("fault_tolerance.dead_after_s", f"dead_after_s ({ft.dead_after_s}) must be at least "
+                                            f"2x heartbeat_s ({ft.heartbeat_s}) or one late beat kills a rank")
+    if ft.hang_after_s <= ft.dead_after_s:
+        bad("fault_tolerance.hang_after_s", f"hang_after_s ({ft.hang_after_s}) must exceed "
+                                            f"dead_after_s ({ft.dead_after_s})")
+    if ft.min_dp > p.dp:
+        bad("fault_tolerance.min_dp", f"min_dp ({ft.min_dp}) cannot exceed parallel.dp ({p.dp})")
+    if s.data.kind == "text" and m.vocab < 256:
+        bad("model.vocab", f"text data is bytes and needs vocab >= 256 (got {m.vocab})")
+    return out
+
+
+def _known_keys(loc: tuple) -> list[str]:
+    """The valid keys of the model at `loc` (for 'unknown key' messages)."""
+    model: Any = JobSpec
+    for part in loc[:-1]:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        model = field.annotation
+    return sorted(getattr(model, "model_fields", {}))
+
+
+def _problem_from_pydantic(err: dict) -> Problem:
+    loc = tuple(err["loc"])
+    field = ".".join(str(x) for x in loc) or "(spec)"
+    kind, msg = err["type"], err["msg"]
+    if kind == "extra_forbidden":
+        keys = _known_keys(loc)
+        msg = "unknown key; remove it or fix the spelling" + (f" (valid: {', '.join(keys)})" if keys else "")
+    elif kind == "missing":
+        msg = "required; add it"
+    elif kind == "literal_error":
+        msg = f"{msg} (got {err.get('input')!r})"
+    elif kind.startswith(("greater", "less")):
+        msg = f"{msg} (got {err.get('input')!r})"
+    elif msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    return Problem(field, msg)
+
+
+def parse_spec(data: Any) -> JobSpec:
+    if not isinstance(data, dict):
+        raise SpecError([Problem("(spec)", "must be a mapping with keys name, model, train, ...")])
+    try:
+        spec = JobSpec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError([_problem_from_pydantic(err) for err in e.errors()]) from None
+    problems = consistency_problems(spec)
+    if problems:
+        raise SpecError(problems)
+    return spec
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError([Problem("(file)", f"cannot read {path}: {e.strerror}")]) from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as e:
+        raise SpecError([Problem("(file)", f"{path} is not valid YAML/JSON: {e}")]) from None
+    return parse_spec(data)
+
+
+def check_world_size(spec: JobSpec, world_size: int) -> None:
+    if world_size != spec.parallel.world_size:
+        p = spec.parallel
+        raise SpecError([Problem("parallel", f"the launch has {world_size} ranks but dp*pp*tp = "
+                                             f"{p.dp}*{p.pp}*{p.tp} = {p.world_size}; launch "
+                                             f"{p.world_size} ranks or change the degrees")])
