@@ -1,0 +1,61 @@
+"""`python -m controller --host 127.0.0.1 --port 8765 --redis-url redis://...`"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from controller.scheduler import SchedulerConfig
+from controller.service import Controller, ControllerConfig
+
+
+def _port_range(text: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in text.split("-"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: use LOW-HIGH, like 20000-32000") from None
+    if not 1024 <= lo < hi <= 65536:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 1024 <= LOW < HIGH <= 65536")
+    return lo, hi
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    env = os.environ.get
+    ap = argparse.ArgumentParser(prog="python -m controller", description="meshkeeper controller")
+    ap.add_argument("--host", default=env("MESHKEEPER_HOST", "127.0.0.1"),
+                    help="interface to bind (default 127.0.0.1: nothing public by default)")
+    ap.add_argument("--port", type=int, default=int(env("MESHKEEPER_PORT", "8765")))
+    ap.add_argument("--redis-url", default=env("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    ap.add_argument("--prefix", default=env("MESHKEEPER_PREFIX", "mk:"), help="Redis key prefix")
+    ap.add_argument("--lease-ttl", type=float, default=3.0, help="leader lease, seconds")
+    ap.add_argument("--worker-alive", type=float, default=3.0,
+                    help="a worker silent this long (s) is not placed on")
+    ap.add_argument("--rdzv-ports", type=_port_range, default=(20000, 32000),
+                    help="rendezvous ports to pick from, LOW-HIGH")
+    ap.add_argument("--agent-redis-url", default=env("MESHKEEPER_AGENT_REDIS_URL"),
+                    help="Redis URL handed to agents started with --controller (default: --redis-url)")
+    ap.add_argument("--log-level", default=env("MESHKEEPER_LOG_LEVEL", "info"))
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvicorn  # after argument errors, which need no server
+
+    from controller.app import create_app
+
+    cfg = ControllerConfig(redis_url=args.redis_url, prefix=args.prefix, lease_ttl_s=args.lease_ttl,
+                           scheduler=SchedulerConfig(args.worker_alive, args.rdzv_ports),
+                           agent_redis_url=args.agent_redis_url)
+    ctl = Controller(cfg)
+    uvicorn.run(create_app(ctl), host=args.host, port=args.port, log_level=args.log_level.lower(),
+                access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""The reconcile pass the lease holder runs: cancel, place, and follow running jobs.
+
+Every write is one fenced transaction (`Store.commit`), so a controller that lost the lease
+mid-pass changes nothing. The pass is stateless: all it knows it reads from Redis.
+
+Hooks for the fault-tolerance work: `on_rank_failed` (today: fail the job) and the
+`lost` rank state from `rank_view` (today: shown in status only, no action).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+
+from controller.jobs import Job
+from controller.placement import FreeWorker, Placement, natural_key, place
+from controller.ranks import rank_view, summarize
+from services.assignment import Assignment
+from services.mesh import MeshShape
+from services.store import Store, Tx, loads
+
+log = logging.getLogger("meshkeeper.scheduler")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    worker_alive_s: float = 3.0  # a worker silent longer than this is not placed on
+    rdzv_ports: tuple[int, int] = (20000, 32000)  # below Linux's ephemeral range
+
+
+class Scheduler:
+    def __init__(self, store: Store, cfg: SchedulerConfig, controller_id: str):
+        self.store, self.cfg, self.me = store, cfg, controller_id
+        self.k = store.keys
+
+    def run_once(self, lease: str) -> None:
+        jids = self.store.job_ids(open_only=True)
+        if not jids:
+            return
+        now = self.store.now()
+        records = self.store.jobs(jids)
+        free: list[FreeWorker] | None = None
+        blocked_by: str | None = None
+        for jid in jids:
+            job = Job.from_hash(jid, records[jid])
+            if job is None:  # a half-written or deleted record: drop it from the queue
+                self.store.commit(Tx().zrem(self.k.jobs_open(), jid), lease)
+            elif job.cancel_requested:
+                self.cancel(job, lease, now)
+            elif job.phase == "Pending":
+                if blocked_by is None:
+                    free = self.free_workers(now) if free is None else free
+                    placed = self.try_start(job, free, lease, now)
+                    if placed:
+                        free = [w for w in free if w.wid not in placed.workers]
+                        continue
+                    blocked_by = jid
+                self.wait(job, free or [], blocked_by, lease, now)
+            elif job.phase == "Running":
+                self.follow(job, lease, now)
+
+    # -- placing --------------------------------------------------------------------------
+    def free_workers(self, now: float) -> list[FreeWorker]:
+        """Alive workers whose agent is idle and that no job holds, in name order."""
+        wids = sorted(self.store.alive_workers(self.cfg.worker_alive_s, now), key=natural_key)
+        infos, pointers = self.store.workers(wids), self.store.assignments(wids)
+        return [FreeWorker(w, loads(infos[w].get("labels"), {}).get("host") or infos[w].get("host", "?"),
+                           infos[w].get("address", "127.0.0.1"), int(infos[w].get("devices", 1)))
+                for w in wids if infos[w].get("state") == "idle" and not pointers[w]]
+
+    def try_start(self, job: Job, free: list[FreeWorker], lease: str, now: float) -> Placement | None:
+        p = job.spec["parallel"]
+        shape = MeshShape(p["dp"], p["pp"], p["tp"])
+        spares = job.spec["fault_tolerance"]["spares"]
+        placed = place(shape, spares, free)
+        if placed is None:
+            return None
+        address = {w.wid: w.address for w in free}
+        master = address[placed.ranks[0].wid]
+        gen = job.generation + 1
+        asg = Assignment(job.id, gen, shape, master, self.pick_port(master), placed.ranks,
+                         placed.spares, placed.tp_split)
+        job.generation = gen
+        job.started_at = job.started_at or now
+        where = f"{len(set(r.wid for r in asg.ranks))} workers" + (
+            f" + {len(asg.spares)} spares" if asg.spares else "")
+        job.set("Running", True, "Starting", f"generation {gen} placed on {where}; rendezvous "
+                f"{asg.master_addr}:{asg.master_port}", now)
+        tx = Tx().hset(self.k.job(job.id), job.fields())
+        tx.delete(self.k.job_assignment(job.id)).hset(self.k.job_assignment(job.id), asg.to_fields())
+        for wid in asg.workers:
+            role = "rank" if asg.ranks_of(wid) else "spare"
+            tx.delete(self.k.worker_assignment(wid))
+            tx.hset(self.k.worker_assignment(wid), {"job": job.id, "generation": gen, "role": role})
+            tx.publish(self.k.worker_assignment(wid), job.id)
+        msg = f"generation {gen} on {where}" + (
+            " (a TP group spans hosts: no host had room for it)" if asg.tp_split else "")
+        tx.event(self.k.job_events(job.id), self._event("Normal", "Placed", msg, now, gen))
+        self.store.commit(tx, lease)
+        log.info("job %s: %s", job.id, msg)
+        return placed
+
+    def pick_port(self, master: str) -> int:
+        """A fresh rendezvous port, not one an open job on the same host uses."""
+        used = set()
+        for jid in self.store.job_ids(open_only=True):
+            a = self.store.job_assignment(jid)
+            if a.get("master_addr") == master:
+                used.add(int(a.get("master_port", 0)))
+        lo, hi = self.cfg.rdzv_ports
+        while True:
+            port = random.randrange(lo, hi)
+            if port not in used:
+                return port
+
+    def wait(self, job: Job, free: list[FreeWorker], blocked_by: str, lease: str, now: float) -> None:
+        p, spares = job.spec["parallel"], job.spec["fault_tolerance"]["spares"]
+        need = p["dp"] * p["pp"] * p["tp"]
+        if blocked_by == job.id:
+            msg = (f"needs {need} worker slots + {spares} spare workers; "
+                   f"{sum(w.slots for w in free)} slots on {len(free)} idle workers")
+        else:
+            msg = f"queued behind job {blocked_by} (jobs start in submission order)"
+        if job.set("Running", False, "WaitingForCapacity", msg, now):
+            tx = Tx().hset(self.k.job(job.id), job.fields())
+            tx.event(self.k.job_events(job.id),
+                     self._event("Normal", "WaitingForCapacity", msg, now, job.generation))
+            self.store.commit(tx, lease)
+
+    # -- running jobs ------------------------------------------------------------------
+    def follow(self, job: Job, lease: str, now: float) -> None:
+        asg = Assignment.from_fields(self.store.job_assignment(job.id))
+        if asg is None or asg.generation != job.generation:
+            return  # being rewritten; next pass
+        alive = set(self.store.alive_workers(self.cfg.worker_alive_s, now))
+        ranks = rank_view(asg, self.store.progress(asg.workers), alive)
+        states = [r["state"] for r in ranks]
+        if all(s == "succeeded" for s in states):
+            self.finish(job, asg, ranks, "Succeeded", "AllRanksSucceeded",
+                        f"{len(ranks)} ranks finished {job.total_steps} steps", lease, now)
+            return
+        failed = [r for r in ranks if r["state"] == "failed"]
+        if failed:
+            self.on_rank_failed(job, asg, ranks, failed, lease, now)
+            return
+        before = job.fields()
+        job.__dict__.update({k: v for k, v in summarize(ranks).items() if v is not None})
+        if job.step > 0 and all(s == "running" for s in states):
+            job.set("Running", True, "Training", f"generation {job.generation}: all "
+                    f"{len(ranks)} ranks training", now)
+        if job.fields() != before:
+            self.store.commit(Tx().hset(self.k.job(job.id), job.fields()), lease)
+
+    def on_rank_failed(self, job: Job, asg: Assignment, ranks: list[dict], failed: list[dict],
+                       lease: str, now: float) -> None:
+        """Hook for recovery (a later issue); for now a failed trainer fails the job."""
+        r = failed[0]
+        c = r["coord"]
+        msg = (f"rank {r['rank']} (dp={c['dp']} pp={c['pp']} tp={c['tp']}) on worker {r['worker']} "
+               f"exited with code {r['exit_code']}; its log: {r['log']}")
+        self.finish(job, asg, ranks, "Failed", "TrainerFailed", msg, lease, now)
+
+    # -- endings -----------------------------------------------------------------------
+    def cancel(self, job: Job, lease: str, now: float) -> None:
+        asg = Assignment.from_fields(self.store.job_assignment(job.id)) if job.generation else None
+        ranks = rank_view(asg, self.store.progress(asg.workers)) if asg else []
+        self.finish(job, asg, ranks, "Failed", "Cancelled", "cancelled on request", lease, now)
+
+    def finish(self, job: Job, asg: Assignment | None, ranks: list[dict], outcome: str,
+               reason: str, message: str, lease: str, now: float) -> None:
+        """Terminal state, the final rank view kept on the job, and every worker released."""
+        job.__dict__.update({k: v for k, v in summarize(ranks).items() if v is not None})
+        job.rank_states = {str(r["rank"]): r["state"] for r in ranks}
+        job.finished_at = now
+        job.set("Running", False, reason, message, now)
+        job.set(outcome, True, reason, message, now)
+        tx = Tx().hset(self.k.job(job.id), job.fields()).zrem(self.k.jobs_open(), job.id)
+        for wid in asg.workers if asg else []:
+            tx.delete_if(self.k.worker_assignment(wid), "job", job.id)
+            tx.publish(self.k.worker_assignment(wid), job.id)
+        kind = "Normal" if outcome == "Succeeded" else "Warning"
+        tx.event(self.k.job_events(job.id), self._event(kind, reason, message, now, job.generation))
+        self.store.commit(tx, lease)
+        log.info("job %s: %s (%s) %s", job.id, outcome, reason, message)
+
+    def _event(self, kind: str, reason: str, message: str, now: float, generation: int) -> dict:
+        return {"time": now, "type": kind, "reason": reason, "message": message,
+                "generation": generation, "source": f"controller/{self.me}"}

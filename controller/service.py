@@ -1,0 +1,77 @@
+"""One controller replica: its Redis store, its lease, and the reconcile loop it runs while leading."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import redis
+
+from controller.lease import LeaseKeeper
+from controller.metrics import ControllerMetrics
+from controller.scheduler import Scheduler, SchedulerConfig
+from services.store import Backoff, Fenced, Store
+
+log = logging.getLogger("meshkeeper.controller")
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    prefix: str = "mk:"
+    lease_ttl_s: float = 3.0
+    interval_s: float = 0.25
+    scheduler: SchedulerConfig = SchedulerConfig()
+    agent_redis_url: str | None = None  # what /v1/agent/bootstrap tells agents (default: ours)
+
+
+class Controller:
+    def __init__(self, cfg: ControllerConfig):
+        self.cfg = cfg
+        self.id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+        self.store = Store(cfg.redis_url, cfg.prefix)
+        self.lease = LeaseKeeper(self.store, self.id, cfg.lease_ttl_s)
+        self.scheduler = Scheduler(self.store, cfg.scheduler, self.id)
+        self.metrics = ControllerMetrics(self)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="reconcile", daemon=True)
+
+    @property
+    def leading(self) -> bool:
+        return self.lease.current() is not None
+
+    def start(self) -> None:
+        self.lease.start()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.lease.stop()
+        self.store.close()
+
+    def _loop(self) -> None:
+        backoff = Backoff(cap=2.0)
+        while not self._stop.wait(self.cfg.interval_s):
+            lease = self.lease.current()
+            if lease is None:
+                continue
+            t0 = time.perf_counter()
+            try:
+                self.scheduler.run_once(lease)
+                backoff.reset()
+            except Fenced:
+                log.warning("a write was fenced: another controller leads now")
+            except redis.RedisError as e:
+                log.warning("Redis unavailable (%s); retrying", e)
+                self._stop.wait(backoff.next())
+            except Exception:  # a bug must not kill the loop; it is logged and retried
+                log.exception("reconcile pass failed")
+                self._stop.wait(backoff.next())
+            finally:
+                self.metrics.pass_seconds.observe(time.perf_counter() - t0)

@@ -1,0 +1,76 @@
+"""The job status document the REST API serves (DESIGN.md section 3), read from Redis only."""
+
+from __future__ import annotations
+
+from controller.conditions import TERMINAL
+from controller.jobs import Job
+from controller.placement import natural_key
+from controller.ranks import rank_view, summarize
+from services.assignment import Assignment
+from services.store import Store, loads
+
+
+def job_summary(job: Job) -> dict:
+    p = job.spec.get("parallel", {})
+    return {"id": job.id, "name": job.name, "phase": job.phase, "generation": job.generation,
+            "restarts": job.restarts, "step": job.step, "steps": job.total_steps, "loss": job.loss,
+            "mesh_shape": {k: p.get(k, 1) for k in ("dp", "pp", "tp")},
+            "submitted_at": job.submitted_at, "finished_at": job.finished_at}
+
+
+def job_status(store: Store, job: Job, alive_within_s: float) -> dict:
+    """Summary + conditions, live progress, the last checkpoint and every rank of the mesh."""
+    asg = Assignment.from_fields(store.job_assignment(job.id)) if job.generation else None
+    ranks: list[dict] = []
+    if asg is not None and job.phase in TERMINAL:
+        ranks = rank_view(asg, {})  # the final states the controller kept
+        for r in ranks:
+            r["state"] = job.rank_states.get(str(r["rank"]), r["state"])
+    elif asg is not None:
+        alive = set(store.alive_workers(alive_within_s))
+        ranks = rank_view(asg, store.progress(asg.workers), alive)
+        for k, v in summarize(ranks).items():  # fresher than the controller's last write
+            if v is not None and (k != "step" or v >= job.step):
+                setattr(job, k, v)
+    ckpt = store.checkpoint(job.id)
+    out = job_summary(job)
+    out.update({
+        "conditions": job.conditions,
+        "tokens_per_s": job.tokens_per_s,
+        "step_s": job.step_s,
+        "eta_s": _eta(job),
+        "started_at": job.started_at,
+        "last_checkpoint": ({"step": int(ckpt["step"]), "path": ckpt.get("path"),
+                             "time": float(ckpt["time"]), "generation": int(ckpt["generation"])}
+                            if ckpt.get("step") else None),
+        "mesh": {"shape": out["mesh_shape"], "generation": asg.generation if asg else None,
+                 "rendezvous": f"{asg.master_addr}:{asg.master_port}" if asg else None,
+                 "ranks": ranks, "spares": asg.spares if asg else []},
+        "spec": job.spec,
+    })
+    return out
+
+
+def _eta(job: Job) -> float | None:
+    if job.phase != "Running" or not job.step_s:
+        return None
+    return max(0, job.total_steps - job.step) * job.step_s
+
+
+def workers_status(store: Store, alive_within_s: float) -> list[dict]:
+    """Every worker ever seen: identity, liveness (by server time) and what it serves."""
+    now = store.now()
+    seen = store.workers_seen()
+    wids = sorted(seen, key=natural_key)
+    infos, pointers = store.workers(wids), store.assignments(wids)
+    out = []
+    for w in wids:
+        info, ptr = infos[w], pointers[w]
+        alive = seen[w] >= now - alive_within_s
+        out.append({"id": w, "host": info.get("host"), "address": info.get("address"),
+                    "labels": loads(info.get("labels"), {}), "devices": int(info.get("devices", 1)),
+                    "state": info.get("state", "unknown") if alive else "dead",
+                    "alive": alive, "last_seen_s": round(now - seen[w], 3),
+                    "job": ptr.get("job"), "generation": int(ptr["generation"]) if ptr else None,
+                    "role": ptr.get("role")})
+    return out

@@ -1,0 +1,76 @@
+"""The assignment record both planes share: who runs which rank in which generation.
+
+Written by the controller to `job:{jid}:assignment` (one hash field per rank, so a big world
+stays readable piecewise) and read back by agents and by the status view.
+
+Progress (`worker:{wid}:progress`, written by the agent) carries `job`, `generation` and a
+JSON `ranks` map rank -> {state, step, loss, ...}; rank states are the ones below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.mesh import Coord, MeshShape
+from services.store import loads
+
+# agent-reported: starting -> running -> succeeded | failed | stopped
+# controller-derived: assigned (no report yet in this generation), lost (worker silent)
+RANK_STATES = ("assigned", "starting", "running", "succeeded", "failed", "stopped", "lost")
+FINAL_RANK_STATES = ("succeeded", "failed", "stopped")
+
+
+@dataclass(frozen=True)
+class RankEntry:
+    rank: int
+    wid: str
+    local_rank: int  # device index within the worker
+    coord: Coord
+    local_world_size: int = 1  # ranks of this job on the same host
+
+    def to_json(self) -> dict:
+        return {"wid": self.wid, "local_rank": self.local_rank, "coord": list(self.coord),
+                "local_world_size": self.local_world_size}
+
+
+@dataclass(frozen=True)
+class Assignment:
+    job: str
+    generation: int
+    shape: MeshShape
+    master_addr: str
+    master_port: int
+    ranks: list[RankEntry]
+    spares: list[str] = field(default_factory=list)
+    tp_split: bool = False
+
+    @property
+    def workers(self) -> list[str]:
+        return list(dict.fromkeys([r.wid for r in self.ranks] + self.spares))
+
+    def ranks_of(self, wid: str) -> list[RankEntry]:
+        return [r for r in self.ranks if r.wid == wid]
+
+    def to_fields(self) -> dict:
+        out = {"job": self.job, "generation": self.generation, "world_size": self.shape.world_size,
+               "shape": [self.shape.dp, self.shape.pp, self.shape.tp],
+               "master_addr": self.master_addr, "master_port": self.master_port,
+               "spares": self.spares, "tp_split": self.tp_split}
+        out.update({f"rank:{r.rank}": r.to_json() for r in self.ranks})
+        return out
+
+    @classmethod
+    def from_fields(cls, h: dict[str, str]) -> "Assignment | None":
+        """Parse a stored hash; None when absent or incomplete (a torn or foreign record)."""
+        try:
+            shape = MeshShape(*loads(h["shape"]))
+            ranks = []
+            for r in range(shape.world_size):
+                e = loads(h[f"rank:{r}"])
+                ranks.append(RankEntry(r, e["wid"], int(e["local_rank"]), Coord(*e["coord"]),
+                                       int(e.get("local_world_size", 1))))
+            return cls(h["job"], int(h["generation"]), shape, h["master_addr"],
+                       int(h["master_port"]), ranks, loads(h.get("spares"), []),
+                       h.get("tp_split") == "1")
+        except (KeyError, TypeError, ValueError):
+            return None

@@ -1,0 +1,324 @@
+"""The Redis contract of DESIGN.md section 4: keys under a prefix, and every operation on them.
+
+Rules this module keeps:
+- liveness uses Redis server TIME (inside Lua), never a local clock, so hosts may skew;
+- writes a generation or the controller lease guards are Lua scripts (atomic check-and-set);
+- nested values are JSON strings inside hashes;
+- connection errors surface as `redis.RedisError`; callers loop with `Backoff` and retry.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from services import scripts
+
+EVENTS_MAXLEN = 1000
+HSET_CHUNK = 500  # Lua's unpack() is bounded; big assignments are written in chunks
+
+
+class Fenced(RuntimeError):
+    """A guarded write was refused: the caller no longer holds the lease."""
+
+
+class Backoff:
+    """Exponential backoff with full jitter, for reconnect loops."""
+
+    def __init__(self, base: float = 0.05, cap: float = 2.0):
+        self.base, self.cap, self.n = base, cap, 0
+
+    def next(self) -> float:
+        self.n += 1
+        return random.uniform(0, min(self.cap, self.base * 2 ** self.n))
+
+    def reset(self) -> None:
+        self.n = 0
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = "mk:"
+
+    def worker(self, wid: str) -> str:
+        return f"{self.prefix}worker:{wid}"
+
+    def worker_progress(self, wid: str) -> str:
+        return f"{self.prefix}worker:{wid}:progress"
+
+    def worker_assignment(self, wid: str) -> str:
+        """Controller-written pointer (job, generation, role); also the agent's pub/sub channel."""
+        return f"{self.prefix}worker:{wid}:assignment"
+
+    def workers_seen(self) -> str:
+        return f"{self.prefix}workers:seen"
+
+    def job(self, jid: str) -> str:
+        return f"{self.prefix}job:{jid}"
+
+    def job_assignment(self, jid: str) -> str:
+        return f"{self.prefix}job:{jid}:assignment"
+
+    def job_checkpoint(self, jid: str) -> str:
+        return f"{self.prefix}job:{jid}:checkpoint"
+
+    def job_events(self, jid: str) -> str:
+        return f"{self.prefix}job:{jid}:events"
+
+    def jobs(self) -> str:
+        """zset of every job, scored by submission sequence."""
+        return f"{self.prefix}jobs"
+
+    def jobs_open(self) -> str:
+        """zset of jobs not yet terminal, scored like `jobs` (the scheduler's queue)."""
+        return f"{self.prefix}jobs:open"
+
+    def jobs_seq(self) -> str:
+        return f"{self.prefix}jobs:seq"
+
+    def lease(self) -> str:
+        return f"{self.prefix}controller:lease"
+
+    def lease_token(self) -> str:
+        return f"{self.prefix}controller:lease:token"
+
+
+def _s(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, (dict, list, tuple)):
+        return json.dumps(v, separators=(",", ":"))
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return str(v)
+
+
+def flat(mapping: dict[str, Any]) -> dict[str, str]:
+    """A dict made fit for HSET: nested values as JSON, None dropped."""
+    return {k: _s(v) for k, v in mapping.items() if v is not None}
+
+
+@dataclass
+class Tx:
+    """Commands the lease holder wants applied atomically (see `Store.commit`)."""
+
+    cmds: list[list[str]] = field(default_factory=list)
+
+    def hset(self, key: str, mapping: dict[str, Any]) -> "Tx":
+        items = [x for kv in flat(mapping).items() for x in kv]
+        for i in range(0, len(items), 2 * HSET_CHUNK):
+            self.cmds.append(["HSET", key, *items[i:i + 2 * HSET_CHUNK]])
+        return self
+
+    def delete(self, *keys: str) -> "Tx":
+        self.cmds.append(["DEL", *keys])
+        return self
+
+    def delete_if(self, key: str, field_: str, value: str) -> "Tx":
+        """Delete hash `key` only if its `field_` still equals `value`."""
+        self.cmds.append(["DELIFEQ", key, field_, value])
+        return self
+
+    def zrem(self, key: str, member: str) -> "Tx":
+        self.cmds.append(["ZREM", key, member])
+        return self
+
+    def publish(self, channel: str, message: str) -> "Tx":
+        self.cmds.append(["PUBLISH", channel, message])
+        return self
+
+    def event(self, stream: str, fields: dict[str, Any]) -> "Tx":
+        items = [x for kv in flat(fields).items() for x in kv]
+        self.cmds.append(["XADD", stream, "MAXLEN", "~", str(EVENTS_MAXLEN), "*", *items])
+        return self
+
+
+def loads(value: str | None, default: Any = None) -> Any:
+    if not value:
+        return default
+    try:
+        return json.loads(value)
+    except ValueError:
+        return default
+
+
+class Store:
+    """One Redis connection pool plus the contract's operations. Thread-safe."""
+
+    def __init__(self, url: str, prefix: str = "mk:", *, socket_timeout: float = 5.0):
+        self.url = url
+        self.keys = Keys(prefix)
+        self.r = redis.Redis.from_url(
+            url, decode_responses=True, socket_connect_timeout=2.0, socket_timeout=socket_timeout,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
+            retry_on_error=[redis.ConnectionError, redis.TimeoutError], health_check_interval=5)
+        self._heartbeat = self.r.register_script(scripts.HEARTBEAT)
+        self._fenced = self.r.register_script(scripts.FENCED_EXEC)
+        self._lease = self.r.register_script(scripts.LEASE_ACQUIRE)
+        self._release = self.r.register_script(scripts.LEASE_RELEASE)
+        self._checkpoint = self.r.register_script(scripts.CHECKPOINT_CAS)
+
+    def close(self) -> None:
+        self.r.close()
+
+    def ping(self) -> bool:
+        return bool(self.r.ping())
+
+    def now(self) -> float:
+        """Redis server time in seconds: the one clock every part agrees on."""
+        s, us = self.r.time()
+        return s + us / 1e6
+
+    # -- workers (agent side) ---------------------------------------------------------
+    def register_worker(self, wid: str, info: dict[str, Any]) -> None:
+        k = self.keys.worker(wid)
+        pipe = self.r.pipeline()
+        pipe.delete(k)
+        pipe.hset(k, mapping=flat(info))
+        pipe.execute()
+
+    def set_worker(self, wid: str, fields: dict[str, Any]) -> None:
+        self.r.hset(self.keys.worker(wid), mapping=flat(fields))
+
+    def heartbeat(self, wid: str, job: str = "", generation: int = 0) -> float:
+        """Stamp `workers:seen` with server time; returns that time."""
+        t = self._heartbeat(keys=[self.keys.workers_seen(), self.keys.worker(wid)],
+                            args=[wid, job, generation])
+        return float(t)
+
+    def deregister_worker(self, wid: str) -> None:
+        pipe = self.r.pipeline()
+        pipe.zrem(self.keys.workers_seen(), wid)
+        pipe.hset(self.keys.worker(wid), "state", "stopped")
+        pipe.execute()
+
+    def worker_assignment(self, wid: str) -> dict[str, str]:
+        return self.r.hgetall(self.keys.worker_assignment(wid))
+
+    def write_progress(self, wid: str, progress: dict[str, Any]) -> None:
+        k = self.keys.worker_progress(wid)
+        pipe = self.r.pipeline()
+        pipe.delete(k)
+        pipe.hset(k, mapping=flat(progress))
+        pipe.execute()
+
+    def commit_checkpoint(self, jid: str, generation: int, step: int, path: str) -> bool:
+        """Move the checkpoint pointer, only within the job's current generation and forward."""
+        return bool(self._checkpoint(keys=[self.keys.job(jid), self.keys.job_checkpoint(jid)],
+                                     args=[generation, step, path]))
+
+    # -- workers (controller side) ----------------------------------------------------
+    def workers_seen(self) -> dict[str, float]:
+        """Every worker ever seen -> its last heartbeat (server time)."""
+        return dict(self.r.zrange(self.keys.workers_seen(), 0, -1, withscores=True))
+
+    def alive_workers(self, within_s: float, now: float | None = None) -> dict[str, float]:
+        now = self.now() if now is None else now
+        return dict(self.r.zrangebyscore(self.keys.workers_seen(), now - within_s, "+inf",
+                                         withscores=True))
+
+    def _hgetall_many(self, keys: Iterable[str]) -> list[dict[str, str]]:
+        pipe = self.r.pipeline(transaction=False)
+        for k in keys:
+            pipe.hgetall(k)
+        return pipe.execute()
+
+    def workers(self, wids: list[str]) -> dict[str, dict[str, str]]:
+        return dict(zip(wids, self._hgetall_many(self.keys.worker(w) for w in wids)))
+
+    def progress(self, wids: list[str]) -> dict[str, dict[str, str]]:
+        return dict(zip(wids, self._hgetall_many(self.keys.worker_progress(w) for w in wids)))
+
+    def assignments(self, wids: list[str]) -> dict[str, dict[str, str]]:
+        return dict(zip(wids, self._hgetall_many(self.keys.worker_assignment(w) for w in wids)))
+
+    # -- jobs -------------------------------------------------------------------------
+    def create_job(self, jid: str, record: dict[str, Any]) -> int:
+        """A new job at the back of the queue; returns its sequence number."""
+        seq = self.r.incr(self.keys.jobs_seq())
+        pipe = self.r.pipeline()
+        pipe.hset(self.keys.job(jid), mapping=flat({**record, "seq": seq}))
+        pipe.zadd(self.keys.jobs(), {jid: seq})
+        pipe.zadd(self.keys.jobs_open(), {jid: seq})
+        pipe.execute()
+        return seq
+
+    def request_cancel(self, jid: str) -> None:
+        """A desired-state flag; the lease holder enacts it."""
+        self.r.hset(self.keys.job(jid), "cancel_requested", "1")
+
+    def job(self, jid: str) -> dict[str, str]:
+        return self.r.hgetall(self.keys.job(jid))
+
+    def jobs(self, jids: list[str]) -> dict[str, dict[str, str]]:
+        return dict(zip(jids, self._hgetall_many(self.keys.job(j) for j in jids)))
+
+    def job_ids(self, open_only: bool = False, limit: int = -1) -> list[str]:
+        key = self.keys.jobs_open() if open_only else self.keys.jobs()
+        return self.r.zrange(key, 0, limit - 1 if limit > 0 else -1)
+
+    def job_assignment(self, jid: str) -> dict[str, str]:
+        return self.r.hgetall(self.keys.job_assignment(jid))
+
+    def checkpoint(self, jid: str) -> dict[str, str]:
+        return self.r.hgetall(self.keys.job_checkpoint(jid))
+
+    # -- events -----------------------------------------------------------------------
+    def add_event(self, jid: str, fields: dict[str, Any]) -> None:
+        self.r.xadd(self.keys.job_events(jid), flat({"time": self.now(), **fields}),
+                    maxlen=EVENTS_MAXLEN, approximate=True)
+
+    def events(self, jid: str, after: str = "-", limit: int = 100) -> list[dict[str, Any]]:
+        start = f"({after}" if after != "-" else "-"
+        rows = self.r.xrange(self.keys.job_events(jid), min=start, max="+", count=limit)
+        out = []
+        for i, f in rows:
+            e = {"id": i, **f, "time": float(f.get("time", 0))}
+            if "generation" in f:
+                e["generation"] = int(f["generation"])
+            out.append(e)
+        return out
+
+    # -- the controller lease -----------------------------------------------------------
+    def acquire_lease(self, holder: str, ttl_s: float) -> str | None:
+        """Take or renew the lease; returns 'holder:token' while we hold it, else None."""
+        v = self._lease(keys=[self.keys.lease(), self.keys.lease_token()],
+                        args=[holder, int(ttl_s * 1000)])
+        return v or None
+
+    def release_lease(self, lease: str) -> None:
+        self._release(keys=[self.keys.lease()], args=[lease])
+
+    def lease_holder(self) -> str | None:
+        return self.r.get(self.keys.lease())
+
+    def commit(self, tx: Tx, lease: str) -> None:
+        """Apply `tx` atomically, only if `lease` is still the current lease (fencing)."""
+        if not tx.cmds:
+            return
+        try:
+            self._fenced(keys=[self.keys.lease()], args=[lease, json.dumps(tx.cmds)])
+        except redis.ResponseError as e:
+            if "FENCED" in str(e):
+                raise Fenced(f"lease {lease} is no longer held") from None
+            raise
+
+
+def wait_for_redis(store: Store, timeout_s: float) -> None:
+    """Block until Redis answers (or raise the last error)."""
+    deadline, backoff = time.monotonic() + timeout_s, Backoff()
+    while True:
+        try:
+            store.ping()
+            return
+        except redis.RedisError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(backoff.next())
