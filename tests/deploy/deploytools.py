@@ -66,6 +66,29 @@ def docs(text: str) -> list[dict]:
     return [d for d in yaml.safe_load_all(text) if d]
 
 
+def copy_chart(dest: Path) -> Path:
+    """A real copy of the chart (symlinked deploy/ folders resolved) that a test may add files to."""
+    return Path(shutil.copytree(CHART, dest / "meshkeeper", symlinks=False))
+
+
+# Kinds kubernetes-validate has no schema for; each is checked by its own test instead.
+CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule", "TrainingJob"}
+# The chart's kubeVersion floor and the newest schema kubernetes-validate ships.
+KUBE_VERSIONS = ("1.27.0", "1.37.0")
+
+
+def kubernetes_validate(paths: list[Path]) -> list[str]:
+    """Problems kubernetes-validate --strict reports; a missing schema counts unless the kind is custom."""
+    out = run(tool("kubernetes-validate"), "--strict", "--quiet",
+              *[a for v in KUBE_VERSIONS for a in ("-k", v)], *map(str, paths))
+    problems = [line for line in out.stdout.splitlines()
+                if line.startswith(("ERROR", "FATAL"))
+                or (line.startswith("WARN") and not any(f"kind {k} " in line for k in CUSTOM_KINDS))]
+    if out.returncode and not problems:
+        problems.append(f"kubernetes-validate exited {out.returncode}: {out.stdout}{out.stderr}")
+    return problems
+
+
 def load_values(path: Path) -> dict:
     return yaml.safe_load(path.read_text()) or {}
 

@@ -1,0 +1,57 @@
+"""deploy/k8s: the kustomize base matches the chart, and every file and every build passes
+kubernetes-validate --strict."""
+
+from __future__ import annotations
+
+import yaml
+
+import deploytools as dt
+
+KUSTOMIZATIONS = sorted(p.parent for p in dt.K8S.rglob("kustomization.yaml"))
+
+
+def test_base_is_the_chart_rendered():
+    want = dt.k8s_base()
+    have = {p.name: p.read_text() for p in (dt.K8S / "base").glob("*.yaml")}
+    stale = sorted(set(want) ^ set(have) | {n for n in want if want[n] != have.get(n)})
+    assert not stale, f"deploy/k8s/base is stale ({stale}): run python tests/deploy/deploytools.py --write"
+
+
+def test_every_manifest_file_passes_kubernetes_validate_strict():
+    files = [p for p in sorted(dt.K8S.rglob("*.yaml")) if p.name != "kustomization.yaml"]
+    assert len(files) > 5
+    assert not dt.kubernetes_validate(files)
+
+
+def test_every_kustomization_builds_and_validates(tmp_path):
+    kubectl = dt.tool("kubectl")
+    assert {p.name for p in KUSTOMIZATIONS} >= {"base", "example"}
+    for k in KUSTOMIZATIONS:
+        out = dt.run(kubectl, "kustomize", str(k))
+        assert out.returncode == 0, out.stderr
+        built = tmp_path / f"{k.name}.yaml"
+        built.write_text(out.stdout)
+        assert not dt.kubernetes_validate([built]), k
+
+
+def test_example_overlay_moves_everything_into_its_namespace():
+    out = dt.run(dt.tool("kubectl"), "kustomize", str(dt.K8S / "overlays" / "example"))
+    assert out.returncode == 0, out.stderr
+    objs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    cluster_scoped = {"Namespace", "CustomResourceDefinition"}
+    for o in objs:
+        if o["kind"] not in cluster_scoped:
+            assert o["metadata"].get("namespace") == "ml-training", o["metadata"]["name"]
+        for s in o.get("subjects", []):
+            assert s["namespace"] == "ml-training", "RoleBinding subject left in another namespace"
+    worker = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "meshkeeper-worker")
+    c = worker["spec"]["template"]["spec"]["containers"][0]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1 and c["image"].endswith("-cuda")
+
+
+def test_the_validator_reports_typos_and_unknown_kinds(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec: {portz: []}\n---\n"
+                   "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: y}\n")
+    problems = dt.kubernetes_validate([bad])
+    assert any("portz" in p for p in problems) and any("Widget" in p for p in problems), problems
