@@ -1,0 +1,146 @@
+"""Trainer entry point: `torchrun --nproc-per-node N -m worker.train --spec job.yaml`.
+
+Also callable in-process as `main(argv)` (the agent's warm processes do that), with the
+same torchrun environment: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT.
+Without them it runs as a single process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import socket
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from services.spec import SpecError, check_world_size, load_spec
+from worker.data import DataError
+from worker.parallel import ParallelDims, RankContext
+from worker.trainer import NonFiniteError, StepResult, Trainer
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m worker.train", description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", required=True, help="job spec (YAML or JSON)")
+    ap.add_argument("--metrics-out", help="JSON lines, one per step; '{rank}' in the path = one file per rank")
+    ap.add_argument("--quiet", action="store_true", help="no per-step lines")
+    return ap.parse_args(argv)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(timeout_s: float) -> tuple[int, int, torch.device]:
+    if "RANK" not in os.environ:  # a plain single-process run
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(_free_port()))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+        backend = "cuda:nccl,cpu:gloo"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+        # Ranks share the host's cores; more threads than cores only thrash.
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    return rank, world, device
+
+
+def shutdown_distributed() -> None:
+    # Pipeline sends are asynchronous: a peer may still be reading when this rank is
+    # done. Quiesce first, so no gloo worker thread still holds a tensor at teardown
+    # (that ends in SIGABRT during interpreter finalization).
+    if not dist.is_initialized():
+        return
+    try:
+        dist.barrier()
+    finally:
+        gc.collect()
+        dist.destroy_process_group()
+
+
+class MetricsWriter:
+    def __init__(self, template: str | None, rank: int):
+        self.file = None
+        if template and ("{rank}" in template or rank == 0):
+            path = Path(template.replace("{rank}", str(rank)))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = path.open("a", buffering=1)
+
+    def write(self, record: dict) -> None:
+        if self.file:
+            self.file.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+
+
+def step_record(r: StepResult, rank: int) -> dict:
+    return {"step": r.step, "loss": r.loss, "tokens_per_s": r.tokens / r.step_s, "step_s": r.step_s,
+            "compute_s": r.compute_s, "wait_s": r.wait_s, "lr": r.lr, "grad_norm": r.grad_norm,
+            "rank": rank}
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    rank, world, device = init_distributed(timeout_s=max(60.0, spec.fault_tolerance.hang_after_s))
+    try:
+        check_world_size(spec, world)
+        dims = ParallelDims(spec.parallel, device.type)
+        ctx = RankContext(dims, dims.build_mesh(), rank, device)
+        trainer = Trainer(spec, ctx)
+        say = print if rank == 0 else (lambda *a, **k: None)
+        floor = trainer.batches.entropy_floor()
+        say(f"[meshkeeper] {spec.name}: mesh dp={spec.parallel.dp} pp={spec.parallel.pp} "
+            f"tp={spec.parallel.tp} zero={spec.parallel.zero}, {spec.train.steps} steps"
+            + (f", entropy floor {floor:.4f} nats" if floor is not None else ""), flush=True)
+        metrics = MetricsWriter(args.metrics_out, rank)
+        results: list[StepResult] = []
+        for step in range(spec.train.steps):
+            r = trainer.train_step(step)
+            results.append(r)
+            metrics.write(step_record(r, rank))
+            if not args.quiet:
+                say(f"step {step + 1:>6}/{spec.train.steps}  loss {r.loss:.4f}  lr {r.lr:.2e}  "
+                    f"|g| {r.grad_norm:.3f}  {r.tokens / r.step_s:,.0f} tok/s  {r.step_s * 1e3:.0f} ms",
+                    flush=True)
+        tps = sum(r.tokens for r in results) / sum(r.step_s for r in results)
+        summary = {"event": "done", "final_loss": results[-1].loss, "entropy_floor": floor,
+                   "tokens_per_s": tps, "steps": len(results)}
+        metrics.write(summary)
+        metrics.close()
+        say(f"[meshkeeper] done: final loss {results[-1].loss:.4f}"
+            + (f" (entropy floor {floor:.4f}, gap {results[-1].loss / floor - 1:+.1%})" if floor else "")
+            + f", {tps:,.0f} tokens/s", flush=True)
+        return 0
+    finally:
+        shutdown_distributed()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except (SpecError, DataError) as e:
+        print(f"meshkeeper: {e}", file=sys.stderr)
+        return 2
+    except NonFiniteError as e:
+        print(f"meshkeeper: training stopped: {e}", file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())
