@@ -27,6 +27,7 @@ from controller.conditions import PHASES, TERMINAL
 from controller.jobs import JOB_ID_RE, Job
 from controller.service import Controller
 from controller.status import job_status, job_summary, workers_status
+from services import api
 from services.spec import JobSpec, SpecError, parse_spec
 
 log = logging.getLogger("meshkeeper.api")
@@ -50,7 +51,8 @@ def create_app(ctl: Controller) -> FastAPI:
         yield
         ctl.stop()
 
-    app = FastAPI(title="meshkeeper controller", version="0.1.0", lifespan=lifespan,
+    errors = {status: {"model": api.Error} for status in (404, 409, 413, 422, 503)}
+    app = FastAPI(title="meshkeeper controller", version="0.1.0", lifespan=lifespan, responses=errors,
                   description="Elastic, fault-tolerant 3D-parallel training. See DESIGN.md.")
     _install_error_handlers(app)
     alive_s = ctl.cfg.scheduler.worker_alive_s
@@ -74,7 +76,7 @@ def create_app(ctl: Controller) -> FastAPI:
             raise ApiError(404, f"job {job_id!r} not found; list jobs with GET /v1/jobs")
         return job
 
-    @app.post("/v1/jobs", status_code=201, tags=["jobs"],
+    @app.post("/v1/jobs", status_code=201, tags=["jobs"], response_model=api.Submitted,
               openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": JobSpec.model_json_schema()}}}})
     async def submit(request: Request) -> dict:
@@ -95,7 +97,7 @@ def create_app(ctl: Controller) -> FastAPI:
         job = jobs.submit(ctl.store, spec)
         return {"id": job.id, "phase": job.phase}
 
-    @app.get("/v1/jobs", tags=["jobs"])
+    @app.get("/v1/jobs", tags=["jobs"], response_model=api.JobList)
     def list_jobs(phase: Annotated[str | None, Query(description=f"one of {', '.join(PHASES)}")] = None,
                   limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict:
         if phase is not None and phase not in PHASES:
@@ -106,11 +108,11 @@ def create_app(ctl: Controller) -> FastAPI:
                if j and (phase is None or j.phase == phase)]
         return {"jobs": out[-limit:]}
 
-    @app.get("/v1/jobs/{job_id}", tags=["jobs"])
+    @app.get("/v1/jobs/{job_id}", tags=["jobs"], response_model=api.JobStatus)
     def get_job(job_id: str) -> dict:
         return job_status(ctl.store, load_job(job_id), alive_s)
 
-    @app.delete("/v1/jobs/{job_id}", status_code=202, tags=["jobs"])
+    @app.delete("/v1/jobs/{job_id}", status_code=202, tags=["jobs"], response_model=api.CancelAccepted)
     def cancel_job(job_id: str) -> dict:
         """Request cancellation; the lease holder stops every rank and frees the workers."""
         job = load_job(job_id)
@@ -119,7 +121,7 @@ def create_app(ctl: Controller) -> FastAPI:
         ctl.store.request_cancel(job_id)
         return {"id": job_id, "phase": job.phase, "cancel_requested": True}
 
-    @app.get("/v1/jobs/{job_id}/events", tags=["jobs"])
+    @app.get("/v1/jobs/{job_id}/events", tags=["jobs"], response_model=api.EventList)
     def job_events(job_id: str, after: Annotated[str, Query(description="a stream id")] = "-",
                    limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict:
         load_job(job_id)
@@ -129,7 +131,7 @@ def create_app(ctl: Controller) -> FastAPI:
                              "answer (like 1700000000000-0), or omit it"}])
         return {"events": ctl.store.events(job_id, after, limit)}
 
-    @app.get("/v1/workers", tags=["workers"])
+    @app.get("/v1/workers", tags=["workers"], response_model=api.WorkerList)
     def list_workers() -> dict:
         return {"workers": workers_status(ctl.store, alive_s)}
 

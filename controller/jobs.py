@@ -35,7 +35,7 @@ class Job:
     loss: float | None = None
     tokens_per_s: float | None = None
     step_s: float | None = None
-    rank_states: dict = field(default_factory=dict)  # final rank view, kept once terminal
+    final_ranks: list[dict] = field(default_factory=list)  # the rank view kept once terminal
 
     @property
     def phase(self) -> str:
@@ -54,7 +54,7 @@ class Job:
                 "conditions": self.conditions, "started_at": self.started_at,
                 "finished_at": self.finished_at, "step": self.step, "loss": self.loss,
                 "tokens_per_s": self.tokens_per_s, "step_s": self.step_s,
-                "rank_states": self.rank_states or None}
+                "final_ranks": self.final_ranks or None}
 
     @classmethod
     def from_hash(cls, jid: str, h: dict[str, str]) -> "Job | None":
@@ -71,7 +71,7 @@ class Job:
                    submitted_at=num("submitted_at"), started_at=num("started_at"),
                    finished_at=num("finished_at"), step=num("step", int) or 0, loss=num("loss"),
                    tokens_per_s=num("tokens_per_s"), step_s=num("step_s"),
-                   rank_states=loads(h.get("rank_states"), {}))
+                   final_ranks=loads(h.get("final_ranks"), []))
 
 
 def new_job_id(name: str) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from controller.jobs import Job
 from controller.placement import FreeWorker, Placement, natural_key, place
 from controller.ranks import rank_view, summarize
-from services.assignment import Assignment
+from services.assignment import FINAL_RANK_STATES, Assignment
 from services.mesh import MeshShape
 from services.store import Store, Tx, loads
 
@@ -171,7 +171,9 @@ class Scheduler:
                reason: str, message: str, lease: str, now: float) -> None:
         """Terminal state, the final rank view kept on the job, and every worker released."""
         job.__dict__.update({k: v for k, v in summarize(ranks).items() if v is not None})
-        job.rank_states = {str(r["rank"]): r["state"] for r in ranks}
+        # ranks still going are being stopped by this very transaction
+        job.final_ranks = [{**r, "state": r["state"] if r["state"] in FINAL_RANK_STATES else "stopped"}
+                           for r in ranks]
         job.finished_at = now
         job.set("Running", False, reason, message, now)
         job.set(outcome, True, reason, message, now)

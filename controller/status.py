@@ -22,10 +22,8 @@ def job_status(store: Store, job: Job, alive_within_s: float) -> dict:
     """Summary + conditions, live progress, the last checkpoint and every rank of the mesh."""
     asg = Assignment.from_fields(store.job_assignment(job.id)) if job.generation else None
     ranks: list[dict] = []
-    if asg is not None and job.phase in TERMINAL:
-        ranks = rank_view(asg, {})  # the final states the controller kept
-        for r in ranks:
-            r["state"] = job.rank_states.get(str(r["rank"]), r["state"])
+    if job.phase in TERMINAL:
+        ranks = job.final_ranks  # as the controller saw them at the end
     elif asg is not None:
         alive = set(store.alive_workers(alive_within_s))
         ranks = rank_view(asg, store.progress(asg.workers), alive)

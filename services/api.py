@@ -1,0 +1,142 @@
+"""REST API documents: the controller serves them (and its OpenAPI schema shows them), the
+client parses them. Unknown fields are kept, so an older client reads a newer controller."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Doc(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Problem(Doc):
+    field: str
+    message: str
+
+
+class Error(Doc):
+    detail: str
+    problems: list[Problem] = []
+
+
+class Condition(Doc):
+    type: str
+    status: str  # "True" | "False"
+    reason: str
+    message: str
+    lastTransitionTime: float
+
+
+class Coordinate(Doc):
+    dp: int
+    pp: int
+    tp: int
+
+
+class RankStatus(Doc):
+    rank: int
+    coord: Coordinate
+    worker: str
+    local_rank: int
+    state: str
+    step: int | None = None
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    step_s: float | None = None
+    compute_s: float | None = None
+    wait_s: float | None = None
+    exit_code: int | None = None
+    log: str | None = None
+
+
+class Mesh(Doc):
+    shape: Coordinate
+    generation: int | None = None
+    rendezvous: str | None = None
+    ranks: list[RankStatus] = []
+    spares: list[str] = []
+
+
+class Checkpoint(Doc):
+    step: int
+    path: str | None = None
+    time: float
+    generation: int
+
+
+class JobSummary(Doc):
+    id: str
+    name: str
+    phase: str
+    generation: int
+    restarts: int
+    step: int
+    steps: int
+    loss: float | None = None
+    mesh_shape: Coordinate
+    submitted_at: float | None = None
+    finished_at: float | None = None
+
+
+class JobStatus(JobSummary):
+    conditions: list[Condition]
+    tokens_per_s: float | None = None
+    step_s: float | None = None
+    eta_s: float | None = None
+    started_at: float | None = None
+    last_checkpoint: Checkpoint | None = None
+    mesh: Mesh
+    spec: dict[str, Any]
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+
+class JobList(Doc):
+    jobs: list[JobSummary]
+
+
+class Submitted(Doc):
+    id: str
+    phase: str
+
+
+class CancelAccepted(Doc):
+    id: str
+    phase: str
+    cancel_requested: bool
+
+
+class Event(Doc):
+    id: str
+    time: float
+    type: str
+    reason: str
+    message: str
+    source: str | None = None
+    generation: int | None = None
+
+
+class EventList(Doc):
+    events: list[Event]
+
+
+class Worker(Doc):
+    id: str
+    host: str | None = None
+    address: str | None = None
+    labels: dict[str, str] = {}
+    devices: int = 1
+    state: str
+    alive: bool
+    last_seen_s: float
+    job: str | None = None
+    generation: int | None = None
+    role: str | None = None
+
+
+class WorkerList(Doc):
+    workers: list[Worker]

@@ -1,0 +1,232 @@
+"""`meshkeeper`: the command line. Every failure is one line on stderr and a non-zero exit code.
+
+    meshkeeper up --workers 8                  # local stack: redis-server, controller, agents
+    meshkeeper submit examples/tiny-3d.yaml --watch
+    meshkeeper status [JOB] | watch JOB | cancel JOB | workers | ready
+    meshkeeper demo                            # up + a small 3D job watched to the end
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from services import render
+from services.client import DEFAULT_URL, ApiError, Client
+from services.spec import SpecError, load_spec
+from services.stack import LocalStack, StackConfig, StackError
+
+TERMINAL = ("Succeeded", "Failed", "Cancelled")
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+class CliError(Exception):
+    pass
+
+
+def _client(args: argparse.Namespace) -> Client:
+    return Client(args.url)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as e:
+        lines = [f"meshkeeper: {args.spec} is not a valid job spec ({len(e.problems)} problem(s)):"]
+        print("\n".join(lines + [f"  - {p}" for p in e.problems]), file=sys.stderr)
+        return 2
+    with _client(args) as c:
+        job = c.submit(spec.model_dump(mode="json"))
+        print(job.id)
+        if args.watch:
+            return _watch(c, job.id, args.interval)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        print(render.job_detail(c.job(args.job)) if args.job else render.jobs_table(c.jobs()))
+    return 0
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        return _watch(c, args.job, args.interval)
+
+
+def _watch(c: Client, job_id: str, interval: float) -> int:
+    """Live progress until the job ends; exit 0 only if it succeeded."""
+    tty, last, last_print = sys.stdout.isatty(), "", 0.0
+    while True:
+        j = c.job(job_id)
+        line = render.progress_line(j)
+        if tty:
+            print("\r\033[K" + line, end="", flush=True)
+        elif line != last and (time.monotonic() - last_print > 2 or j.phase in TERMINAL):
+            print(line, flush=True)
+            last_print = time.monotonic()
+        last = line
+        if j.phase in TERMINAL:
+            print(("\n" if tty else "") + render.summary(j))
+            return 0 if j.phase == "Succeeded" else 1
+        time.sleep(interval)
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        r = c.cancel(args.job)
+        print(f"cancel requested for {r.id} (was {r.phase})")
+        if args.wait:
+            deadline = time.monotonic() + args.wait
+            while time.monotonic() < deadline:
+                j = c.job(args.job)
+                if j.phase in TERMINAL:
+                    print(f"{j.id}: {j.phase}")
+                    return 0
+                time.sleep(0.3)
+            raise CliError(f"{args.job} did not stop within {args.wait:.0f}s")
+    return 0
+
+
+def cmd_workers(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        print(render.workers_table(c.workers()))
+    return 0
+
+
+def cmd_ready(args: argparse.Namespace) -> int:
+    """Wait until the controller is ready and at least N workers are alive (for scripts)."""
+    deadline = time.monotonic() + args.timeout
+    with Client(args.url, timeout=2.0) as c:
+        while time.monotonic() < deadline:
+            try:
+                if c.ready() and sum(w.alive for w in c.workers()) >= args.workers:
+                    print(f"ready: {args.url}")
+                    return 0
+            except ApiError:
+                pass
+            time.sleep(0.3)
+    raise CliError(f"the controller at {args.url} was not ready with {args.workers} workers "
+                   f"within {args.timeout:.0f}s")
+
+
+def _stack(args: argparse.Namespace) -> LocalStack:
+    if args.workers < 1:
+        raise CliError("--workers must be at least 1")
+    return LocalStack(StackConfig(workers=args.workers, port=args.port, run_dir=args.run_dir.resolve(),
+                                  redis_url=os.environ.get("REDIS_URL") or None, warm=args.warm))
+
+
+def _stop_on_signals() -> None:
+    def raise_interrupt(signum, _frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, raise_interrupt)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    stack = _stack(args)
+    _stop_on_signals()
+    try:
+        stack.start()
+        print(f"meshkeeper up: controller {stack.url}, redis {stack.redis_url}, "
+              f"{args.workers} workers; logs in {stack.logs}", flush=True)
+        print(f"  export MESHKEEPER_URL={stack.url}; meshkeeper submit SPEC.yaml --watch  "
+              "(Ctrl-C here stops everything)", flush=True)
+        while True:
+            stack.check()
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        print("\nmeshkeeper up: stopping", file=sys.stderr)
+        return 0
+    finally:
+        stack.stop()
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The whole path on this machine: up, submit a 3D job, watch it, summary, stop."""
+    stack = _stack(args)
+    _stop_on_signals()
+    try:
+        spec = load_spec(args.spec)
+        print(f"meshkeeper demo: starting redis, a controller and {args.workers} workers "
+              f"(logs in {stack.logs})", flush=True)
+        stack.start()
+        with Client(stack.url) as c:
+            job = c.submit(spec.model_dump(mode="json"))
+            print(f"submitted {args.spec} as {job.id}", flush=True)
+            code = _watch(c, job.id, args.interval)
+            print(render.job_detail(c.job(job.id)))
+            return code
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        stack.stop()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="meshkeeper", description="elastic 3D-parallel training")
+    ap.add_argument("--url", default=os.environ.get("MESHKEEPER_URL", DEFAULT_URL),
+                    help=f"controller URL (env MESHKEEPER_URL, default {DEFAULT_URL})")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def stack_opts(p: argparse.ArgumentParser, workers: int, run_dir: str) -> None:
+        p.add_argument("--workers", type=int, default=workers)
+        p.add_argument("--port", type=int, default=8765, help="controller port")
+        p.add_argument("--run-dir", type=Path, default=Path(run_dir), help="logs and trainer files")
+        p.add_argument("--warm", type=int, default=1, help="warm trainers per worker")
+
+    p = sub.add_parser("up", help="run redis-server, the controller and N agents locally")
+    stack_opts(p, 4, ".meshkeeper/up")
+    p.set_defaults(fn=cmd_up)
+    p = sub.add_parser("demo", help="up + submit a small 3D job + watch it to the end")
+    stack_opts(p, 8, ".meshkeeper/demo")
+    p.add_argument("--spec", default=str(EXAMPLES / "demo-3d.yaml"))
+    p.add_argument("--interval", type=float, default=0.5)
+    p.set_defaults(fn=cmd_demo)
+    p = sub.add_parser("submit", help="submit a job spec (YAML/JSON)")
+    p.add_argument("spec")
+    p.add_argument("--watch", action="store_true", help="then watch it to the end")
+    p.add_argument("--interval", type=float, default=0.5)
+    p.set_defaults(fn=cmd_submit)
+    p = sub.add_parser("status", help="all jobs, or one job in detail")
+    p.add_argument("job", nargs="?")
+    p.set_defaults(fn=cmd_status)
+    p = sub.add_parser("watch", help="live progress of a job until it ends")
+    p.add_argument("job")
+    p.add_argument("--interval", type=float, default=0.5)
+    p.set_defaults(fn=cmd_watch)
+    p = sub.add_parser("cancel", help="cancel a job")
+    p.add_argument("job")
+    p.add_argument("--wait", type=float, default=0, help="wait up to this many seconds for it to stop")
+    p.set_defaults(fn=cmd_cancel)
+    p = sub.add_parser("workers", help="the worker pool")
+    p.set_defaults(fn=cmd_workers)
+    p = sub.add_parser("ready", help="wait for the controller and N workers (for scripts)")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=60)
+    p.set_defaults(fn=cmd_ready)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except ApiError as e:
+        print(f"meshkeeper: {e}", file=sys.stderr)
+        for p in e.problems:
+            print(f"  - {p.field}: {p.message}", file=sys.stderr)
+        return 1
+    except (CliError, StackError, SpecError) as e:
+        print(f"meshkeeper: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Local process plumbing shared by the agent (trainers) and `meshkeeper up` (the stack).
+
+Children run in their own process groups, die with their parent (Linux PR_SET_PDEATHSIG),
+and stop in bounded time: SIGTERM to the group, SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL, parent: int = 0) -> None:
+    """Ask the kernel to send `sig` to this process when its parent dies (Linux only).
+
+    Usable as a `preexec_fn` of a single-threaded parent, or first thing in a child. The
+    signal follows the parent *thread*: spawn from the main thread."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
+    except (OSError, AttributeError):
+        return  # not Linux: process-group stops still apply
+    if parent and os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def signal_group(p: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(p.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_all(procs: list[subprocess.Popen], grace_s: float) -> None:
+    """SIGTERM every process group, SIGKILL whatever still runs after `grace_s`, reap all."""
+    for p in procs:
+        signal_group(p, signal.SIGTERM)
+        if p.stdin and not p.stdin.closed:
+            p.stdin.close()  # a child waiting on stdin exits on EOF too
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for p in procs:
+        signal_group(p, signal.SIGKILL)  # also reaches children of a leader that exited
+        p.wait()

@@ -1,0 +1,118 @@
+"""The local stack behind `meshkeeper up`: redis-server, the controller and N agents as local
+processes, one log file each under the run dir, stopped in order and completely.
+
+Every child gets its own process group (Ctrl-C in the terminal reaches only `up`, which
+then stops agents first so they stop their trainers) and dies with `up` if `up` is killed.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.client import ApiError, Client
+from services.procs import die_with_parent, free_port, stop_all
+from services.store import Store, wait_for_redis
+
+
+class StackError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    workers: int
+    port: int
+    run_dir: Path
+    redis_url: str | None = None  # None: start our own redis-server
+    warm: int = 1
+    checkpoint_root: Path | None = None
+
+
+class LocalStack:
+    def __init__(self, cfg: StackConfig):
+        self.cfg = cfg
+        self.url = f"http://127.0.0.1:{cfg.port}"
+        self.redis_url = cfg.redis_url or ""
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs = cfg.run_dir / "logs"
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with open(self.logs / f"{name}.log", "ab") as out:
+            root = str(Path(__file__).resolve().parents[1])
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+            self.procs[name] = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True, preexec_fn=functools.partial(die_with_parent, signal.SIGTERM, os.getpid()))
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        """Start everything and wait until the controller is ready and every worker registered."""
+        self.cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        if not self.redis_url:
+            self._start_redis(timeout_s)
+        py = sys.executable
+        self._spawn("controller", [py, "-m", "controller", "--host", "127.0.0.1", "--port",
+                                   str(self.cfg.port), "--redis-url", self.redis_url])
+        for i in range(self.cfg.workers):
+            argv = [py, "-m", "worker", "--redis-url", self.redis_url, "--id", f"w{i}",
+                    "--address", "127.0.0.1", "--run-dir", str(self.cfg.run_dir / "workers" / f"w{i}"),
+                    "--warm", str(self.cfg.warm), "--metrics-port", "0"]
+            if self.cfg.checkpoint_root:
+                argv += ["--checkpoint-root", str(self.cfg.checkpoint_root)]
+            self._spawn(f"worker-w{i}", argv)
+        self._wait_ready(timeout_s)
+
+    def _start_redis(self, timeout_s: float) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise StackError("redis-server is not on PATH; install Redis (apt-get install "
+                             "redis-server) or set REDIS_URL to a running one")
+        port = free_port()
+        data = self.cfg.run_dir / "redis"
+        data.mkdir(parents=True, exist_ok=True)
+        self._spawn("redis", [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
+                              "--save", "", "--appendonly", "no"])
+        self.redis_url = f"redis://127.0.0.1:{port}/0"
+        store = Store(self.redis_url)
+        try:
+            wait_for_redis(store, timeout_s)
+        except Exception:
+            raise StackError(f"redis-server did not start; see {self.logs / 'redis.log'}") from None
+        finally:
+            store.close()
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        with Client(self.url, timeout=2.0) as c:
+            while time.monotonic() < deadline:
+                self.check()
+                try:
+                    if c.ready() and sum(w.alive for w in c.workers()) >= self.cfg.workers:
+                        return
+                except ApiError:
+                    pass
+                time.sleep(0.2)
+        raise StackError(f"the stack was not ready within {timeout_s:.0f}s; see the logs in {self.logs}")
+
+    def check(self) -> None:
+        """Raise if a process of the stack exited."""
+        for name, p in self.procs.items():
+            if p.poll() is not None:
+                raise StackError(f"{name} exited with code {p.returncode}; see {self.logs / name}.log")
+
+    def stop(self) -> None:
+        """Agents first (they stop their trainers), then the controller, then Redis."""
+        agents = [p for n, p in self.procs.items() if n.startswith("worker-")]
+        stop_all(agents, grace_s=10.0)
+        for name in ("controller", "redis"):
+            if name in self.procs:
+                stop_all([self.procs[name]], grace_s=5.0)
+        self.procs.clear()

@@ -1,0 +1,284 @@
+"""The worker agent: register, heartbeat, follow the assignment, supervise trainers, relay progress.
+
+The assignment pointer `worker:{wid}:assignment` (controller-written) says which job and
+generation this worker serves. The agent learns of changes by pub/sub and re-reads the pointer
+on every reconnect and every few seconds (pub/sub is lossy). It acts only on a pointer it has
+read: losing Redis never stops training; a withdrawn or superseded assignment does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from services.assignment import Assignment
+from services.procs import stop_all
+from services.store import Backoff, Store, loads
+from worker.heartbeat import Heartbeat
+from worker.metrics import AgentMetrics
+from worker.trainers import Launcher, RankProcess
+
+log = logging.getLogger("meshkeeper.agent")
+REREAD_S = 5.0  # safety net for lost pub/sub messages
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    wid: str
+    host: str
+    address: str
+    run_dir: Path
+    labels: dict[str, str] = field(default_factory=dict)
+    devices: int = 1
+    warm: int = 1  # pre-forked trainer processes kept ready (0 = cold start)
+    heartbeat_s: float = 0.5
+    tick_s: float = 0.2
+    stop_grace_s: float = 3.0  # SIGTERM -> SIGKILL
+    checkpoint_root: Path | None = None
+
+
+@dataclass
+class Run:
+    """What this worker does for one (job, generation)."""
+
+    job: str
+    generation: int
+    role: str  # rank | spare
+    ranks: dict[int, RankProcess] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        return any(r.exit_code is None for r in self.ranks.values())
+
+    def state(self) -> str:
+        states = {r.state for r in self.ranks.values()}
+        for s in ("failed", "starting", "running", "stopped"):
+            if s in states:
+                return s
+        return "succeeded" if states else self.role
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig, store: Store, metrics: AgentMetrics | None = None):
+        self.cfg, self.store, self.metrics = cfg, store, metrics
+        self.run: Run | None = None
+        self.state = "idle"
+        self.launcher = Launcher(cfg.run_dir, cfg.warm, self._child_env())
+        self.heartbeat = Heartbeat(store, cfg.wid, cfg.heartbeat_s, self.serving)
+        self._stop = threading.Event()
+        self._pubsub = None
+        self._reread_at = 0.0
+        self._dirty = False
+        self._outbox: list[tuple[str, str, int, dict]] = []  # (kind, job, gen, body) for Redis
+
+    def serving(self) -> tuple[str, int]:
+        run = self.run
+        return (run.job, run.generation) if run else ("", 0)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- the loop -----------------------------------------------------------------------
+    def run_forever(self) -> None:
+        self.cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        self.heartbeat.start()
+        backoff, down = Backoff(cap=2.0), False
+        log.info("agent %s up: host %s, address %s, %d device(s), %d warm",
+                 self.cfg.wid, self.cfg.host, self.cfg.address, self.cfg.devices, self.cfg.warm)
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._sync()
+                    if down:
+                        log.info("Redis is back; assignment re-read")
+                    down = False
+                    backoff.reset()
+                except redis.RedisError as e:
+                    if not down:
+                        log.warning("Redis unavailable (%s); trainers keep running, retrying", e)
+                    down = True
+                    self._close_pubsub()
+                    self._stop.wait(backoff.next())
+                self._supervise()
+                if not (self.run and self.run.active):
+                    self.launcher.refill()
+        finally:
+            self._shutdown()
+
+    def _sync(self) -> None:
+        if self._pubsub is None:  # (re)connect: register again and re-read the pointer
+            self._register()
+            ps = self.store.r.pubsub(ignore_subscribe_messages=True)
+            ps.subscribe(self.store.keys.worker_assignment(self.cfg.wid))
+            self._pubsub, self._reread_at = ps, 0.0
+        msg = self._pubsub.get_message(timeout=self.cfg.tick_s)
+        if msg is not None or time.monotonic() >= self._reread_at:
+            self._reread_at = time.monotonic() + REREAD_S
+            self._follow(self.store.worker_assignment(self.cfg.wid))
+        self._publish()
+
+    def _register(self) -> None:
+        c = self.cfg
+        self.store.register_worker(c.wid, {
+            "host": c.host, "address": c.address, "labels": {"host": c.host, **c.labels},
+            "devices": c.devices, "pid": os.getpid(), "state": self.state,
+            "run_dir": str(c.run_dir), "started_at": time.time()})
+        self.store.heartbeat(c.wid, *self.serving())
+
+    def _close_pubsub(self) -> None:
+        if self._pubsub is not None:
+            try:
+                self._pubsub.close()
+            except (redis.RedisError, OSError):
+                pass
+            self._pubsub = None
+
+    # -- following the assignment ---------------------------------------------------------
+    def _follow(self, pointer: dict[str, str]) -> None:
+        want = (pointer["job"], int(pointer["generation"])) if pointer.get("job") else None
+        run = self.run
+        if run and (run.job, run.generation) != want:
+            why = "withdrawn" if want is None else f"superseded by {want[0]} generation {want[1]}"
+            self._end_run(f"assignment {why}")
+        if want and self.run is None:
+            self._begin_run(*want, pointer.get("role", "rank"))
+        self._set_state("busy" if self.run else "idle")
+
+    def _begin_run(self, job: str, generation: int, role: str) -> None:
+        if role == "spare":
+            self.run = Run(job, generation, role)
+            log.info("spare for job %s generation %d", job, generation)
+            return
+        asg = Assignment.from_fields(self.store.job_assignment(job))
+        spec = loads(self.store.job(job).get("spec"))
+        if asg is None or asg.generation != generation or spec is None:
+            self._reread_at = 0.0  # the controller is mid-write: look again next tick
+            return
+        d = self.cfg.run_dir / "jobs" / job / f"g{generation}"
+        d.mkdir(parents=True, exist_ok=True)
+        spec_path = d / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        run = Run(job, generation, role)
+        for e in asg.ranks_of(self.cfg.wid):
+            env = {"RANK": str(e.rank), "WORLD_SIZE": str(asg.shape.world_size),
+                   "LOCAL_RANK": str(e.local_rank), "LOCAL_WORLD_SIZE": str(e.local_world_size),
+                   "MASTER_ADDR": asg.master_addr, "MASTER_PORT": str(asg.master_port),
+                   "MESHKEEPER_JOB": job, "MESHKEEPER_GENERATION": str(generation),
+                   "MESHKEEPER_COORD": ",".join(map(str, e.coord))}
+            argv = ["--spec", str(spec_path), "--metrics-out", str(d / "metrics-{rank}.jsonl")]
+            if self.cfg.checkpoint_root:
+                argv += ["--checkpoint-root", str(self.cfg.checkpoint_root)]
+            metrics, log_path = d / f"metrics-{e.rank}.jsonl", d / f"rank{e.rank}.log"
+            proc = self.launcher.launch(argv, env, log_path)
+            run.ranks[e.rank] = RankProcess(e.rank, proc, metrics, log_path)
+        self.run = run
+        pids = {r: p.proc.pid for r, p in run.ranks.items()}
+        log.info("job %s generation %d: started ranks %s (pids %s), rendezvous %s:%d",
+                 job, generation, sorted(pids), sorted(pids.values()), asg.master_addr, asg.master_port)
+        self._event("TrainerStarted", f"worker {self.cfg.wid} started ranks {sorted(pids)} "
+                                      f"(pids {sorted(pids.values())})")
+
+    def _end_run(self, why: str) -> None:
+        run, t0 = self.run, time.monotonic()
+        live = [p for p in run.ranks.values() if p.exit_code is None]
+        stop_all([p.proc for p in live], self.cfg.stop_grace_s)
+        for p in live:
+            p.exit_code, p.state = p.proc.returncode, "stopped"
+        if live:
+            log.info("job %s generation %d: %s; stopped ranks %s in %.2fs", run.job, run.generation,
+                     why, sorted(p.rank for p in live), time.monotonic() - t0)
+            self._event("TrainerStopped", f"worker {self.cfg.wid}: {why}; stopped ranks "
+                                          f"{sorted(p.rank for p in live)}")
+        self._dirty = True
+        self._publish_quietly()
+        self.run = None
+
+    # -- supervising (local only: works while Redis is away) -----------------------------
+    def _supervise(self) -> None:
+        run = self.run
+        if run is None:
+            return
+        for p in run.ranks.values():
+            if p.exit_code is not None:
+                continue
+            code = p.proc.poll()  # read before tailing, so no line written before exit is lost
+            for rec in p.read_records():
+                self._dirty = True
+                if "step" in rec and "event" not in rec:
+                    p.last, p.state = rec, "running"
+                    if self.metrics:
+                        self.metrics.observe_step(rec)
+                elif rec.get("event") == "checkpoint":
+                    self._outbox.append(("checkpoint", run.job, run.generation, rec))
+            if code is not None:
+                p.exit_code, p.state = code, "succeeded" if code == 0 else "failed"
+                self._dirty = True
+                self._event("TrainerExited", f"rank {p.rank} on worker {self.cfg.wid} exited "
+                                             f"with code {code}", warning=code != 0)
+
+    def _publish(self) -> None:
+        """Progress and pending events to Redis (raises RedisError; kept for the next try)."""
+        while self._outbox:
+            kind, job, generation, body = self._outbox[0]
+            if kind == "checkpoint":
+                self.store.commit_checkpoint(job, generation, int(body["step"]), str(body.get("path", "")))
+            else:
+                self.store.add_event(job, {**body, "generation": generation,
+                                           "source": f"agent/{self.cfg.wid}"})
+            self._outbox.pop(0)
+        run = self.run
+        if self._dirty and run is not None:
+            self.store.write_progress(self.cfg.wid, {
+                "job": run.job, "generation": run.generation, "state": run.state(),
+                "ranks": {str(r): p.report() for r, p in run.ranks.items()},
+                "updated_at": time.time()})
+        self._dirty = False
+
+    def _publish_quietly(self) -> None:
+        try:
+            self._publish()
+        except redis.RedisError:
+            pass
+
+    def _event(self, reason: str, message: str, warning: bool = False) -> None:
+        if self.run is not None:
+            self._outbox.append(("event", self.run.job, self.run.generation, {
+                "type": "Warning" if warning else "Normal", "reason": reason, "message": message}))
+
+    def _set_state(self, state: str) -> None:
+        if state != self.state:
+            self.state = state
+            self.store.set_worker(self.cfg.wid, {"state": state})
+
+    def _child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[1])  # trainers import worker.* from here
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        return env
+
+    def _shutdown(self) -> None:
+        if self.run is not None:
+            self._end_run("agent stopping")
+        self.launcher.close()
+        self.heartbeat.stop()
+        self._close_pubsub()
+        try:
+            self.store.deregister_worker(self.cfg.wid)
+        except redis.RedisError:
+            pass
+        log.info("agent %s stopped", self.cfg.wid)
+
+
+def default_address() -> str:
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"

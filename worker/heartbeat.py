@@ -1,0 +1,53 @@
+"""The agent's heartbeat: its own thread, so training, saving or a slow main loop never delay it.
+
+Each beat stamps `workers:seen` with Redis server time and carries the job and generation
+the agent currently serves (DESIGN.md section 5).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+import redis
+
+from services.store import Backoff, Store
+
+log = logging.getLogger("meshkeeper.agent")
+
+
+class Heartbeat:
+    def __init__(self, store: Store, wid: str, interval_s: float,
+                 serving: Callable[[], tuple[str, int]]):
+        self.store, self.wid, self.interval_s, self.serving = store, wid, interval_s, serving
+        self.beats = self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.interval_s + 6)
+
+    def _run(self) -> None:
+        backoff, wait, down = Backoff(cap=self.interval_s), 0.0, False
+        while not self._stop.wait(wait):
+            t0 = time.monotonic()
+            try:
+                job, gen = self.serving()
+                self.store.heartbeat(self.wid, job, gen)
+                self.beats += 1
+                if down:
+                    log.info("heartbeats reach Redis again")
+                down = False
+                backoff.reset()
+                wait = max(0.0, self.interval_s - (time.monotonic() - t0))
+            except redis.RedisError as e:
+                self.failures += 1
+                if not down:
+                    log.warning("heartbeat failed (%s); retrying", e)
+                down, wait = True, backoff.next()
