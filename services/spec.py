@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MAX_WORLD = 65536
 
@@ -71,16 +71,13 @@ class DataSpec(Strict):
     seed: int = Field(default=0, ge=0, lt=2**63)
     token_dtype: Literal["uint16", "uint32"] = "uint16"
 
-    @model_validator(mode="after")
-    def _source_form(self) -> "DataSpec":
-        kind, _, path = self.source.partition(":")
-        if kind == "synthetic" and not path:
-            return self
-        if kind in ("text", "tokens") and path:
-            return self
-        raise ValueError(
-            f"source {self.source!r} is not understood; use 'synthetic', 'text:PATH' or 'tokens:PATH'"
-        )
+    @field_validator("source")
+    @classmethod
+    def _source_form(cls, source: str) -> str:
+        kind, _, path = source.partition(":")
+        if (kind == "synthetic" and not path) or (kind in ("text", "tokens") and path):
+            return source
+        raise ValueError(f"{source!r} is not understood; use 'synthetic', 'text:PATH' or 'tokens:PATH'")
 
     @property
     def kind(self) -> str:

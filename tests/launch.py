@@ -33,4 +33,12 @@ def train(spec: dict, directory: Path, *, extra: list[str] = (), timeout: float 
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
-    return [r for r in map(json.loads, metrics.read_text().splitlines()) if "step" in r]
+    return [r for r in read_records(directory) if "step" in r]
+
+
+def read_records(directory: Path) -> list[dict]:
+    return [json.loads(line) for line in (directory / "steps.jsonl").read_text().splitlines()]
+
+
+def summary(directory: Path) -> dict:
+    return next(r for r in read_records(directory) if r.get("event") == "done")

@@ -1,0 +1,52 @@
+"""Every parallel layout against a single process on the same global batches (fp32)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from tests.launch import train
+
+STEPS = 20
+BASE = {
+    "name": "parity",
+    "model": {"preset": "tiny"},
+    "data": {"source": "synthetic", "seed": 3},
+    "train": {"steps": STEPS, "global_batch": 8, "lr": 1.0e-3, "warmup_steps": 3, "grad_clip": 1.0},
+}
+
+LAYOUTS = {
+    "dp2": {"dp": 2},
+    "tp2": {"tp": 2},
+    "pp2-gpipe": {"pp": 2, "microbatches": 2, "pp_schedule": "gpipe"},
+    "pp2-1f1b": {"pp": 2, "microbatches": 4, "pp_schedule": "1f1b"},
+    "pp2-interleaved": {"pp": 2, "microbatches": 2, "pp_schedule": "interleaved_1f1b", "virtual_stages": 2},
+    "dp2xtp2": {"dp": 2, "tp": 2},
+    "dp2xpp2": {"dp": 2, "pp": 2, "microbatches": 2},
+    "tp2xpp2": {"tp": 2, "pp": 2, "microbatches": 2},
+    "dp2xpp2xtp2": {"dp": 2, "pp": 2, "tp": 2, "microbatches": 2},
+    "dp2-zero0": {"dp": 2, "zero": 0},
+    "dp2-zero2": {"dp": 2, "zero": 2},
+    "dp2-zero3-accum": {"dp": 2, "zero": 3, "microbatches": 4},
+    "dp2xtp2-ac": {"dp": 2, "tp": 2, "activation_checkpointing": True},
+}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> list[float]:
+    losses = [r["loss"] for r in train(BASE, tmp_path_factory.mktemp("single"))]
+    assert len(losses) == STEPS
+    assert losses[-1] < losses[0] - 0.1, "the reference run did not learn; the comparison would be vacuous"
+    return losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(LAYOUTS), ids=list(LAYOUTS))
+def test_loss_parity(layout, reference, tmp_path):
+    spec = copy.deepcopy(BASE)
+    spec["parallel"] = LAYOUTS[layout]
+    records = train(spec, tmp_path)
+    assert [r["step"] for r in records] == list(range(STEPS))
+    for step, (got, want) in enumerate(zip((r["loss"] for r in records), reference)):
+        assert got == pytest.approx(want, rel=1e-5), f"{layout}: step {step} loss {got!r} vs single {want!r}"

@@ -1,0 +1,96 @@
+import copy
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from services.spec import SpecError, load_spec, parse_spec
+from tests.launch import ROOT
+
+GOOD = {
+    "name": "tiny-gpt",
+    "model": {"preset": "tiny"},
+    "parallel": {"dp": 2, "pp": 2, "tp": 2, "microbatches": 2},
+    "train": {"steps": 10, "global_batch": 8},
+}
+
+
+def with_(path: str, value):
+    spec = copy.deepcopy(GOOD)
+    *parents, leaf = path.split(".")
+    node = spec
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[leaf] = value
+    return spec
+
+
+# (spec, field named in the error, words of the fix)
+BAD = [
+    (with_("parallel.tp", 3), "parallel.tp", "choose tp in {1, 2, 4}"),
+    (with_("model.layers", 3), "model.layers", "divisible by pp*virtual_stages"),
+    (with_("train.global_batch", 6), "train.global_batch", "divisible by dp*microbatches"),
+    (with_("parallel.dp", 0), "parallel.dp", "greater than or equal to 1"),
+    (with_("train.steps", -5), "train.steps", "greater than 0"),
+    (with_("train.lr", 0), "train.lr", "greater than 0"),
+    (with_("model.d_model", 10**7), "model.d_model", "less than or equal to 65536"),
+    (with_("train.global_batch", 10**9), "train.global_batch", "less than or equal to"),
+    (with_("parallel.zeroo", 3), "parallel.zeroo", "unknown key"),
+    (with_("bogus", 1), "bogus", "valid: checkpoint, data, fault_tolerance"),
+    (with_("parallel.zero", 1), "parallel.zero", "Input should be 0, 2 or 3"),
+    (with_("parallel.pp_schedule", "zb"), "parallel.pp_schedule", "'gpipe', '1f1b' or 'interleaved_1f1b'"),
+    (with_("parallel.virtual_stages", 2), "parallel.virtual_stages", "interleaved_1f1b"),
+    (with_("parallel.microbatches", 1), "parallel.microbatches", "raise microbatches"),
+    (with_("name", "../etc"), "name", "lowercase letters"),
+    (with_("data.source", "s3://bucket"), "data.source", "'synthetic', 'text:PATH' or 'tokens:PATH'"),
+    (with_("model.heads", 3), "model.heads", "d_model (64) must be divisible by heads (3)"),
+    (with_("fault_tolerance.min_dp", 4), "fault_tolerance.min_dp", "cannot exceed parallel.dp"),
+    (with_("fault_tolerance.dead_after_s", 0.6), "fault_tolerance.dead_after_s", "2x heartbeat_s"),
+    ({k: v for k, v in GOOD.items() if k != "train"}, "train", "required"),
+]
+
+
+def test_good_spec_parses():
+    s = parse_spec(GOOD)
+    assert (s.parallel.world_size, s.model.layers, s.model.d_model) == (8, 4, 64)
+
+
+@pytest.mark.parametrize("spec,field,fix", BAD, ids=[f"{b[1]}-{i}" for i, b in enumerate(BAD)])
+def test_bad_spec_names_field_and_fix(spec, field, fix):
+    with pytest.raises(SpecError) as info:
+        parse_spec(spec)
+    matching = [p for p in info.value.problems if p.field == field]
+    assert matching, f"no problem names {field}: {info.value}"
+    assert any(fix in p.message for p in matching), f"{field}: {[p.message for p in matching]}"
+
+
+def test_preset_fields_can_be_overridden():
+    assert parse_spec(with_("model.seq_len", 64)).model.seq_len == 64
+
+
+def test_unreadable_and_malformed_files(tmp_path):
+    with pytest.raises(SpecError, match="cannot read"):
+        load_spec(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec(bad)
+
+
+def test_trainer_reports_bad_spec_without_traceback(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(with_("parallel.tp", 3)))
+    proc = subprocess.run([sys.executable, "-m", "worker.train", "--spec", str(path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "parallel.tp" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_trainer_refuses_wrong_world_size(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(GOOD))  # wants 8 ranks; launched as 1
+    proc = subprocess.run([sys.executable, "-m", "worker.train", "--spec", str(path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "launch has 1 ranks but dp*pp*tp = 2*2*2 = 8" in proc.stderr and "Traceback" not in proc.stderr
