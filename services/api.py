@@ -48,6 +48,7 @@ class RankStatus(Doc):
     step_s: float | None = None
     compute_s: float | None = None
     wait_s: float | None = None
+    pid: int | None = None  # the trainer process on its worker's host
     exit_code: int | None = None
     log: str | None = None
 
