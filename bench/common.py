@@ -1,0 +1,42 @@
+"""Helpers shared by the benchmarks: run the real trainer under torchrun, read its metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def torchrun(nproc: int, target: list[str]) -> str:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *target]
+    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"benchmark run failed: {' '.join(target)}\n{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+def spec_file(spec: dict, directory: Path) -> Path:
+    path = directory / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def train_records(spec: dict, per_rank: bool = False) -> list[dict]:
+    """Step records of the real trainer (every rank's if per_rank)."""
+    p = spec.get("parallel", {})
+    nproc = p.get("dp", 1) * p.get("pp", 1) * p.get("tp", 1)
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        out = d / ("steps-{rank}.jsonl" if per_rank else "steps.jsonl")
+        torchrun(nproc, ["-m", "worker.train", "--spec", str(spec_file(spec, d)),
+                         "--metrics-out", str(out), "--quiet"])
+        return [r for f in sorted(d.glob("steps*.jsonl")) for r in map(json.loads, f.read_text().splitlines())
+                if "step" in r]

@@ -1,0 +1,48 @@
+"""The baseline for bench/throughput.py: a plain DDP loop over the same model and batch.
+
+Run under torchrun; prints one JSON line on rank 0: {"tokens_per_s": ...}.
+"""
+
+import argparse
+import json
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from services.spec import load_spec
+from worker.data import Batches
+from worker.model import build_model
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--spec", required=True)
+    ap.add_argument("--warmup", type=int, default=3)
+    args = ap.parse_args()
+    spec = load_spec(args.spec)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(1)
+    model = DistributedDataParallel(build_model(spec.model, spec.train.seed))
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.train.lr)
+    batches = Batches(spec.data, spec.model, spec.train.global_batch, world)
+    timed, tokens = 0.0, 0
+    for step in range(spec.train.steps):
+        t0 = time.perf_counter()
+        x, y = batches.local(step, rank)
+        F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step >= args.warmup:
+            timed += time.perf_counter() - t0
+            tokens += spec.train.global_batch * spec.model.seq_len
+    if rank == 0:
+        print(json.dumps({"tokens_per_s": tokens / timed}))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
