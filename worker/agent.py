@@ -197,6 +197,8 @@ class Agent:
                      why, sorted(p.rank for p in live), time.monotonic() - t0)
             self._event("TrainerStopped", f"worker {self.cfg.wid}: {why}; stopped ranks "
                                           f"{sorted(p.rank for p in live)}")
+        else:
+            log.info("job %s generation %d: %s; this worker is idle again", run.job, run.generation, why)
         self._dirty = True
         self._publish_quietly()
         self.run = None

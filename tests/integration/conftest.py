@@ -172,6 +172,16 @@ class Stack:
         self.store.close()
 
 
+@pytest.fixture
+def redis_server(tmp_path) -> RedisServer:
+    """A private redis-server for tests that need no controller or agents."""
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    if server.proc.alive():
+        server.proc.stop(5)
+
+
 @pytest.fixture(scope="session")
 def shared_stack(tmp_path_factory) -> Stack:
     s = Stack(tmp_path_factory.mktemp("stack"))

@@ -1,0 +1,120 @@
+"""The `meshkeeper` command line as a user runs it: one clear line per error, never a traceback;
+`up` starts the local stack and leaves nothing behind when stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services.procs import free_port
+from tests.integration.conftest import ENV, ROOT, wait_until
+
+
+def meshkeeper(*args: str, url: str | None = None, timeout: float = 120, env: dict | None = None):
+    argv = [sys.executable, "-m", "services.cli", *(["--url", url] if url else []), *args]
+    return subprocess.run(argv, cwd=ROOT, env=env or ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def test_submit_bad_spec_prints_every_problem(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"name": "x", "model": {"preset": "tiny", "heads": 3},
+                                   "parallel": {"dp": 2, "tp": 2},
+                                   "train": {"steps": 5, "global_batch": 15}}))
+    r = meshkeeper("submit", str(bad), url="http://127.0.0.1:9")  # never reached
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    for field in ("model.heads", "parallel.tp", "train.global_batch"):
+        assert f"- {field}:" in r.stderr, r.stderr
+    missing = meshkeeper("submit", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 2 and "cannot read" in missing.stderr
+
+
+def test_unreachable_controller_is_one_line():
+    r = meshkeeper("workers", url=f"http://127.0.0.1:{free_port()}")
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1 and "cannot reach the controller" in r.stderr, r.stderr
+
+
+def test_unknown_job_is_one_line(stack):
+    r = meshkeeper("status", "no-such-job", url=stack.controller.url)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "not found" in r.stderr
+
+
+@pytest.mark.slow
+def test_submit_watch_status_workers(stack):
+    r = meshkeeper("submit", str(ROOT / "examples" / "tiny-1d.yaml"), "--watch", "--interval", "0.3",
+                   url=stack.controller.url)
+    assert r.returncode == 0, r.stderr + stack.logs()
+    job = r.stdout.splitlines()[0]
+    assert job.startswith("tiny-1d-")
+    assert "step 30/30" in r.stdout and "Succeeded" in r.stdout
+    assert "tok/s" in r.stdout and "ETA" in r.stdout
+    status = meshkeeper("status", job, url=stack.controller.url)
+    assert status.returncode == 0
+    assert "pp=0: r0@" in status.stdout and "Succeeded   True" in status.stdout
+    table = meshkeeper("status", url=stack.controller.url).stdout
+    assert job in table
+    workers = meshkeeper("workers", url=stack.controller.url).stdout
+    assert all(f"w{i} " in workers for i in range(8))
+
+
+def descendants(pid: int) -> set[int]:
+    children: dict[int, set[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError):
+                continue
+            children.setdefault(ppid, set()).add(int(d.name))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), ()):
+            out.add(c)
+            todo.append(c)
+    return out
+
+
+def alive(pids: set[int]) -> set[int]:
+    out = set()
+    for p in pids:
+        try:
+            if (Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z":
+                out.add(p)
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.parametrize("own_redis", [True, False], ids=["starts-redis", "uses-REDIS_URL"])
+def test_up_starts_the_stack_and_stops_it_completely(tmp_path, redis_server, own_redis):
+    port = free_port()
+    env = {**ENV, **({} if own_redis else {"REDIS_URL": redis_server.url})}
+    up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--workers", "2", "--warm", "0",
+                           "--port", str(port), "--run-dir", str(tmp_path / "run")],
+                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        r = meshkeeper("ready", "--workers", "2", "--timeout", "60", url=f"http://127.0.0.1:{port}")
+        assert r.returncode == 0, r.stderr
+        kids = descendants(up.pid)
+        # the controller and two agents, plus redis-server unless REDIS_URL names one
+        assert len(kids) == (4 if own_redis else 3), kids
+        logs = {p.name for p in (tmp_path / "run" / "logs").iterdir()}
+        assert {"controller.log", "worker-w0.log", "worker-w1.log"} <= logs
+        assert ("redis.log" in logs) == own_redis
+        up.send_signal(signal.SIGTERM)
+        out, _ = up.communicate(timeout=30)
+        assert up.returncode == 0, out
+        assert "Traceback" not in out
+        wait_until(lambda: not alive(kids), 10, f"every process of the stack ({kids}) to exit")
+    finally:
+        if up.poll() is None:
+            os.kill(up.pid, signal.SIGKILL)
+            up.wait()

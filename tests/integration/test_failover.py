@@ -1,0 +1,99 @@
+"""The control plane loses a part mid-job: training goes on and the state survives.
+
+- the controller is killed: trainers keep training; a new controller shows the job intact;
+- two controller replicas: only the lease holder acts; kill it and the other takes over;
+- Redis is killed and restarted (AOF): agents and controller reconnect; the job completes.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import httpx
+import pytest
+
+from tests.integration.conftest import tiny_spec, wait_phase, wait_until
+
+
+def max_progress_step(stack, job_id: str) -> int:
+    """The highest step any worker reports for the job, read straight from Redis."""
+    steps = [0]
+    for h in stack.store.progress(list(stack.agents)).values():
+        if h.get("job") == job_id:
+            steps += [int(r.get("step") or 0) for r in json.loads(h["ranks"]).values()]
+    return max(steps)
+
+
+def placed_by(stack, job_id: str) -> str:
+    ev = next(e for e in stack.client.events(job_id) if e.reason == "Placed")
+    return ev.source.removeprefix("controller/")
+
+
+@pytest.mark.slow
+def test_controller_killed_mid_job_training_goes_on(stack):
+    spec = tiny_spec("ctl-kill", train={"steps": 40})
+    jid = stack.client.submit(spec).id
+    before = wait_until(lambda: (j := stack.client.job(jid)).step >= 2 and j, 120, "training")
+    stack.controller.proc.kill(signal.SIGKILL)
+    step_at_kill = max_progress_step(stack, jid)
+    wait_until(lambda: max_progress_step(stack, jid) >= step_at_kill + 3, 60,
+               "training to go on without a controller")
+    stack.use(stack.start_controller())
+    after = stack.client.job(jid)
+    assert after.phase in ("Running", "Succeeded")
+    assert (after.generation, after.restarts) == (before.generation, before.restarts) == (1, 0)
+    assert after.submitted_at == before.submitted_at and after.started_at == before.started_at
+    assert after.step >= step_at_kill
+    assert after.mesh.rendezvous == before.mesh.rendezvous
+    assert [(r.rank, r.worker) for r in after.mesh.ranks] == [(r.rank, r.worker) for r in before.mesh.ranks]
+    admitted = (before.condition("Admitted"), after.condition("Admitted"))
+    assert admitted[0] == admitted[1]
+    done = wait_phase(stack.client, jid, ("Succeeded", "Failed", "Cancelled"), 120)
+    assert done.phase == "Succeeded" and done.step == 40
+    assert placed_by(stack, jid) != stack.controller.health()["controller"]  # the dead one placed it
+
+
+@pytest.mark.slow
+def test_two_replicas_only_the_lease_holder_acts(stack):
+    first = stack.controller
+    wait_until(lambda: first.health()["leader"], 10, "the stack's controller to lead")
+    second = stack.start_controller()
+    leaders = [c.health()["leader"] for c in (first, second)]
+    assert leaders == [True, False]
+    # a job submitted through the standby is placed by the leader
+    stack.use(second)
+    jid = stack.client.submit(tiny_spec("replica-a", train={"steps": 4})).id
+    wait_phase(stack.client, jid, ("Succeeded",), 90)
+    assert placed_by(stack, jid) == first.health()["controller"]
+    standby_id = second.health()["controller"]
+    metrics = httpx.get(second.url + "/metrics").text
+    assert f'meshkeeper_controller_leader{{controller="{standby_id}"}} 0.0' in metrics
+    # the leader dies: the standby takes over once the lease runs out
+    first.proc.kill(signal.SIGKILL)
+    wait_until(lambda: second.health()["leader"], 15, "the standby to take the lease")
+    jid2 = stack.client.submit(tiny_spec("replica-b", train={"steps": 4})).id
+    wait_phase(stack.client, jid2, ("Succeeded",), 90)
+    assert placed_by(stack, jid2) == standby_id
+
+
+@pytest.mark.slow
+def test_redis_restart_mid_job(stack):
+    jid = stack.client.submit(tiny_spec("redis-blip", train={"steps": 60})).id
+    wait_until(lambda: stack.client.job(jid).step >= 3, 120, "training")
+    stack.redis.kill()
+    time.sleep(1.5)
+    # the API answers 503 with one clear line while Redis is away, never a traceback
+    r = httpx.get(f"{stack.controller.url}/v1/jobs/{jid}")
+    assert r.status_code == 503
+    assert "cannot reach Redis" in r.json()["detail"]
+    assert httpx.get(f"{stack.controller.url}/readyz").status_code == 503
+    assert httpx.get(f"{stack.controller.url}/healthz").status_code == 200
+    stack.redis.start()  # same port, same AOF directory
+    wait_until(lambda: stack.client.ready(), 20, "the controller to see Redis again")
+    wait_until(lambda: all(w.alive for w in stack.client.workers()), 20, "every agent to heartbeat again")
+    done = wait_phase(stack.client, jid, ("Succeeded", "Failed", "Cancelled"), 180)
+    assert done.phase == "Succeeded" and done.step == 60
+    assert done.generation == 1  # nothing restarted: the trainers never noticed
+    assert stack.controller.proc.alive()

@@ -1,0 +1,78 @@
+"""The Redis contract (services/store.py) against a real redis-server: lease and fencing,
+the generation-guarded checkpoint pointer, heartbeats on server time, bounded events."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from services.store import EVENTS_MAXLEN, Fenced, Store, Tx
+
+
+@pytest.fixture
+def store(redis_server):
+    s = Store(redis_server.url, prefix="t:")
+    yield s
+    s.close()
+
+
+def test_lease_is_exclusive_and_fences_a_deposed_holder(store):
+    a = store.acquire_lease("ctl-a", ttl_s=0.5)
+    assert a == "ctl-a:1"
+    assert store.acquire_lease("ctl-b", ttl_s=0.5) is None  # held
+    assert store.acquire_lease("ctl-a", ttl_s=0.5) == a  # renewal keeps the token
+    store.commit(Tx().hset("t:x", {"v": 1}), a)
+    time.sleep(0.6)  # a stops renewing (paused, partitioned): the lease runs out
+    b = store.acquire_lease("ctl-b", ttl_s=5)
+    assert b == "ctl-b:2"  # a new, larger fencing token
+    with pytest.raises(Fenced):
+        store.commit(Tx().hset("t:x", {"v": 2}).delete("t:y"), a)
+    assert store.r.hget("t:x", "v") == "1"  # nothing of the fenced transaction applied
+    store.commit(Tx().hset("t:x", {"v": 3}), b)
+    assert store.r.hget("t:x", "v") == "3"
+    store.release_lease(a)  # a stale holder cannot release someone else's lease
+    assert store.lease_holder() == b
+
+
+def test_fenced_transaction_is_all_or_nothing_and_delete_if(store):
+    lease = store.acquire_lease("ctl", ttl_s=5)
+    store.r.hset("t:p1", mapping={"job": "j1"})
+    store.r.hset("t:p2", mapping={"job": "j2"})
+    big = {f"rank:{i}": i for i in range(1500)}  # more fields than one HSET chunk
+    store.commit(Tx().hset("t:big", big).delete_if("t:p1", "job", "j1")
+                 .delete_if("t:p2", "job", "j1"), lease)
+    assert store.r.hlen("t:big") == 1500
+    assert not store.r.exists("t:p1") and store.r.exists("t:p2")
+
+
+def test_checkpoint_pointer_moves_only_in_the_current_generation(store):
+    store.r.hset(store.keys.job("j"), "generation", 2)
+    assert not store.commit_checkpoint("j", 1, 10, "/ck/j/step-10")  # stale generation
+    assert store.commit_checkpoint("j", 2, 10, "/ck/j/step-10")
+    assert not store.commit_checkpoint("j", 2, 10, "/ck/j/step-10-again")  # not forward
+    assert not store.commit_checkpoint("j", 2, 5, "/ck/j/step-5")
+    assert store.commit_checkpoint("j", 2, 20, "/ck/j/step-20")
+    store.r.hset(store.keys.job("j"), "generation", 3)  # a restart restored an older step
+    assert store.commit_checkpoint("j", 3, 15, "/ck/j/step-15")
+    ck = store.checkpoint("j")
+    assert (ck["step"], ck["path"], ck["generation"]) == ("15", "/ck/j/step-15", "3")
+
+
+def test_heartbeats_use_redis_server_time(store):
+    t = store.heartbeat("w1", "job-a", 4)
+    assert abs(t - store.now()) < 1.0
+    assert store.alive_workers(within_s=2.0) == {"w1": pytest.approx(t)}
+    w = store.r.hgetall(store.keys.worker("w1"))
+    assert (w["job"], w["generation"]) == ("job-a", "4")
+    assert store.alive_workers(within_s=2.0, now=t + 5) == {}  # liveness by score, no scan
+
+
+def test_events_stream_is_bounded(store):
+    for i in range(EVENTS_MAXLEN * 2):
+        store.add_event("j", {"type": "Normal", "reason": "Tick", "message": str(i)})
+    n = store.r.xlen(store.keys.job_events("j"))
+    assert EVENTS_MAXLEN <= n < EVENTS_MAXLEN * 2  # approximate trimming, but trimmed
+    first = store.events("j", limit=2)
+    later = store.events("j", after=first[0]["id"], limit=1)
+    assert later[0]["id"] == first[1]["id"]
