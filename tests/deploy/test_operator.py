@@ -1,0 +1,308 @@
+"""The TrainingJob operator and the controller's Kubernetes actions, against kmock (an HTTP
+Kubernetes API emulator) with a real controller process and a real redis-server behind it."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import aiohttp
+import kmock
+import kopf
+import kubernetes
+import pytest
+import pytest_asyncio
+
+import deploytools as dt
+from controller import operator
+from controller.jobs import Job
+from controller.k8s import KubernetesActions
+from services.client import Client
+from services.procs import free_port, stop_all
+from services.store import Store, flat
+
+NS = "ml"
+TJ = "meshkeeper.io/v1alpha1/trainingjobs"
+TJ_URL = f"/apis/meshkeeper.io/v1alpha1/namespaces/{NS}/trainingjobs"
+SPEC = {"model": {"preset": "tiny"}, "parallel": {"dp": 2, "pp": 1, "tp": 1},
+        "train": {"steps": 20, "global_batch": 8}, "fault_tolerance": {"spares": 1}}
+
+
+# --- the real back end: redis-server and the controller, once per module -----------------
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    exe = shutil.which("redis-server")
+    if not exe:
+        raise dt.MissingTool("redis-server not found; install it: apt-get install redis-server")
+    port = free_port()
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp_path_factory.mktemp("redis"))],
+                            stdout=subprocess.DEVNULL, start_new_session=True)
+    url = f"redis://127.0.0.1:{port}/0"
+    store = Store(url)
+    until(lambda: _pings(store), 10, "redis-server did not start")
+    yield url
+    store.close()
+    stop_all([proc], 5)
+
+
+@pytest.fixture(scope="module")
+def controller_url(redis_url, tmp_path_factory):
+    port = free_port()
+    log = (tmp_path_factory.mktemp("controller") / "controller.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "controller", "--host", "127.0.0.1", "--port", str(port),
+                             "--redis-url", redis_url, "--prefix", "op:"],
+                            cwd=dt.REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    with Client(url, timeout=2) as c:
+        until(c.ready, 30, f"the controller did not become ready; see {log.name}")
+    yield url
+    stop_all([proc], 10)
+    log.close()
+
+
+def _pings(store: Store) -> bool:
+    try:
+        return store.ping()
+    except Exception:
+        return False
+
+
+def until(check: Callable[[], object], timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(what)
+
+
+async def eventually(check: Callable[[], object], what: str, timeout: float = 20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = await asyncio.to_thread(check)
+        if value:
+            return value
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# --- the Kubernetes side: kmock with our resources, and the operator on it ----------------
+
+def declare(kmock) -> None:
+    kmock.resources[TJ] = kmock.ResourceInfo(kind="TrainingJob", singular="trainingjob", namespaced=True,
+                                             subresources={"status"},
+                                             verbs={"list", "watch", "get", "patch", "create", "delete"})
+    kmock.resources["v1/events"] = kmock.ResourceInfo(kind="Event", namespaced=True, verbs={"create", "list"})
+    kmock.resources["v1/namespaces"] = kmock.ResourceInfo(kind="Namespace", namespaced=False, verbs={"list", "watch"})
+    kmock.resources["v1/pods"] = kmock.ResourceInfo(kind="Pod", namespaced=True, verbs={"get", "list", "delete"})
+
+
+class ApiServer(kmock.KubernetesEmulator):
+    """kmock, plus one thing a real API server does: it names objects created with
+    generateName (kopf and the kubernetes client create Events that way)."""
+
+    async def _handle(self, request):
+        meta = request.data.get("metadata") if isinstance(request.data, dict) else None
+        if request.action == kmock.action.CREATE and meta and not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + secrets.token_hex(4)
+        return await super()._handle(request)
+
+
+pytestmark = pytest.mark.kmock(cls=ApiServer)
+
+
+@pytest_asyncio.fixture
+async def run_operator(kmock):
+    """Start the real operator (kopf with our registry) against kmock, in its own thread and
+    event loop as in production (kopf cancels every task of its loop when it stops)."""
+    declare(kmock)
+    started: list[tuple[threading.Thread, threading.Event, Client]] = []
+
+    async def start(url: str, poll_s: float = 0.2) -> None:
+        def login(**_):
+            return kopf.ConnectionInfo(server=str(kmock.url).rstrip("/"), insecure=True)
+
+        stop, ready = threading.Event(), threading.Event()
+        client = operator.make_client(url, None)
+        run = kopf.operator(registry=operator.build_registry(poll_s, login=login), standalone=True,
+                            namespaces=[NS], stop_flag=stop, ready_flag=ready, memo=kopf.Memo(client=client))
+        thread = threading.Thread(target=asyncio.run, args=(run,), name="kopf", daemon=True)
+        thread.start()
+        started.append((thread, stop, client))
+        assert await asyncio.to_thread(ready.wait, 20), "the operator did not start"
+
+    yield start
+    for thread, stop, client in started:
+        stop.set()
+        await asyncio.to_thread(thread.join, 20)
+        client.close()
+        assert not thread.is_alive(), "the operator did not stop"
+
+
+async def k8s(kmock, method: str, path: str, body: dict | None = None) -> dict:
+    async with aiohttp.ClientSession(base_url=str(kmock.url)) as s:
+        async with s.request(method, path, json=body) as r:
+            assert r.status < 400, await r.text()
+            return await r.json()
+
+
+def tj_obj(kmock, name: str) -> dict | None:
+    try:
+        obj = kmock.objects[TJ, NS, name]
+    except KeyError:
+        return None
+    return None if obj.deleted else obj.raw
+
+
+def status(kmock, name: str) -> dict:
+    return (tj_obj(kmock, name) or {}).get("status") or {}
+
+
+def events(kmock, reason: str) -> list[dict]:
+    return [o.raw for (res, _, _), o in kmock.objects.items()
+            if res.plural == "events" and not o.deleted and o.raw.get("reason") == reason]
+
+
+def condition(st: dict, type_: str) -> dict | None:
+    return next((c for c in st.get("conditions", []) if c["type"] == type_), None)
+
+
+async def create_tj(kmock, name: str, spec: dict = SPEC, **extra) -> None:
+    await k8s(kmock, "POST", TJ_URL, {"apiVersion": "meshkeeper.io/v1alpha1", "kind": "TrainingJob",
+                                      # what an API server adds (kmock stores what it is given)
+                                      "metadata": {"name": name, "namespace": NS, "resourceVersion": "1",
+                                                   "uid": f"uid-{name}", "generation": 1,
+                                                   "creationTimestamp": "2020-01-01T00:00:00Z"},
+                                      "spec": spec, **extra})
+
+
+def recover(redis_url: str, job_id: str, reason: str) -> None:
+    """Write a recovery into the job record as the controller's recovery loop does (the
+    fault-tolerance issue); the real controller then serves it over REST."""
+    store = Store(redis_url, "op:")
+    job = Job.from_hash(job_id, store.job(job_id))
+    job.restarts += 1
+    job.generation += 1
+    job.set("Recovering", True, reason, "rank 1 (dp=1 pp=0 tp=0) lost its worker; swapping in a spare",
+            store.now())
+    store.r.hset(store.keys.job(job_id), mapping=flat(job.fields()))
+    store.close()
+
+
+# --- tests --------------------------------------------------------------------------------
+
+@pytest.mark.asyncio
+async def test_create_submits_the_job_and_writes_conditions(kmock, run_operator, controller_url):
+    await run_operator(controller_url)
+    await create_tj(kmock, "tiny")
+    st = await eventually(lambda: status(kmock, "tiny").get("jobID") and status(kmock, "tiny"), "status.jobID")
+    admitted = condition(st, "Admitted")
+    assert admitted["status"] == "True" and admitted["lastTransitionTime"].endswith("Z")
+    with Client(controller_url) as c:
+        job = c.job(st["jobID"])
+    assert job.name == "tiny" and job.spec["parallel"]["dp"] == 2
+    # the mirror follows: the controller's own conditions (no workers: waiting for capacity)
+    await eventually(lambda: (condition(status(kmock, "tiny"), "Running") or {}).get("reason")
+                     == "WaitingForCapacity", "the Running condition mirrored")
+    assert operator.FINALIZER in tj_obj(kmock, "tiny")["metadata"]["finalizers"]
+    assert events(kmock, "Submitted")[0]["involvedObject"]["name"] == "tiny"
+
+
+@pytest.mark.asyncio
+async def test_a_recovery_updates_conditions_and_restarts(kmock, run_operator, controller_url, redis_url):
+    await run_operator(controller_url)
+    await create_tj(kmock, "recovers")
+    job_id = await eventually(lambda: status(kmock, "recovers").get("jobID"), "status.jobID")
+    await asyncio.to_thread(recover, redis_url, job_id, "WorkerDead")
+    st = await eventually(lambda: status(kmock, "recovers").get("restarts") == 1 and status(kmock, "recovers"),
+                          "restarts mirrored")
+    assert st["phase"] == "Recovering" and st["meshGeneration"] == 1
+    assert condition(st, "Recovering")["reason"] == "WorkerDead"
+    ev = await eventually(lambda: events(kmock, "Recovering"), "a Recovering event")
+    assert "restart 1" in ev[0]["message"] and ev[0]["type"] == "Warning"
+
+
+@pytest.mark.asyncio
+async def test_delete_cancels_the_job_and_releases_the_object(kmock, run_operator, controller_url):
+    await run_operator(controller_url)
+    await create_tj(kmock, "cancelled")
+    job_id = await eventually(lambda: status(kmock, "cancelled").get("jobID"), "status.jobID")
+    await k8s(kmock, "DELETE", f"{TJ_URL}/cancelled")
+    await eventually(lambda: tj_obj(kmock, "cancelled") is None, "the finalizer released")
+    with Client(controller_url) as c:
+        await eventually(lambda: c.job(job_id).phase == "Cancelled", "the job cancelled")
+
+
+@pytest.mark.asyncio
+async def test_an_invalid_spec_is_refused_with_the_field(kmock, run_operator, controller_url):
+    await run_operator(controller_url)
+    bad = {**SPEC, "parallel": {"dp": 3, "pp": 1, "tp": 1}}  # global_batch 8 % dp 3
+    await create_tj(kmock, "bad")
+    await create_tj(kmock, "worse", bad)
+    st = await eventually(lambda: condition(status(kmock, "worse"), "Admitted"), "the refusal")
+    assert st["status"] == "False" and st["reason"] == "InvalidSpec" and "train.global_batch" in st["message"]
+    assert status(kmock, "worse")["phase"] == "Failed" and "jobID" not in status(kmock, "worse")
+    with Client(controller_url) as c:
+        assert [j.name for j in c.jobs()].count("worse") == 0
+
+
+@pytest.mark.asyncio
+async def test_delete_is_never_stuck_on_an_unreachable_controller(kmock, run_operator, monkeypatch):
+    monkeypatch.setattr(operator, "RETRY_DELAY_S", 0.1)
+    await run_operator(f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    await create_tj(kmock, "orphan", status={"jobID": "orphan-abc123", "phase": "Running"})
+    await eventually(lambda: operator.FINALIZER in (tj_obj(kmock, "orphan") or {}).get("metadata", {})
+                     .get("finalizers", []), "the finalizer added")
+    await k8s(kmock, "DELETE", f"{TJ_URL}/orphan")
+    await eventually(lambda: tj_obj(kmock, "orphan") is None, "the object released", timeout=30)
+    assert events(kmock, "CancelFailed")
+
+
+# --- controller/k8s.py --------------------------------------------------------------------
+
+@pytest.mark.asyncio
+async def test_replace_worker_deletes_only_pool_pods_and_records_an_event(kmock):
+    declare(kmock)
+    pool = {"app.kubernetes.io/instance": "mk", "app.kubernetes.io/component": "worker"}
+    kmock.objects["v1/pods", NS, "mk-worker-abc"] = {"metadata": {"name": "mk-worker-abc", "namespace": NS,
+                                                                   "labels": pool}}
+    kmock.objects["v1/pods", NS, "redis-0"] = {"metadata": {"name": "redis-0", "namespace": NS,
+                                                             "labels": {"app.kubernetes.io/component": "redis"}}}
+    kmock.objects[TJ, NS, "tiny"] = {"apiVersion": "meshkeeper.io/v1alpha1", "kind": "TrainingJob",
+                                     "metadata": {"name": "tiny", "namespace": NS, "uid": "u-1"},
+                                     "status": {"jobID": "tiny-0a1b2c"}}
+    config = kubernetes.client.Configuration(host=str(kmock.url).rstrip("/"))
+    actions = KubernetesActions(kubernetes.client.ApiClient(config), NS,
+                                "app.kubernetes.io/instance=mk,app.kubernetes.io/component=worker")
+    worker = {"id": "w-1", "host": "ignored", "labels": {"k8s.pod": "mk-worker-abc"}}
+    assert await asyncio.to_thread(actions.replace_worker, worker, "tiny-0a1b2c", "heartbeat lost") == "mk-worker-abc"
+    assert kmock.objects["v1/pods", NS, "mk-worker-abc"].deleted
+    ev = events(kmock, "WorkerReplaced")
+    assert ev and ev[0]["involvedObject"]["name"] == "tiny" and ev[0]["involvedObject"]["uid"] == "u-1"
+    # a worker whose pod is not in the pool (here: the Redis pod) is never deleted
+    foreign = {"id": "w-2", "host": "redis-0", "labels": {}}
+    assert await asyncio.to_thread(actions.replace_worker, foreign, "tiny-0a1b2c", "straggler") is None
+    assert not kmock.objects["v1/pods", NS, "redis-0"].deleted
+
+
+def test_no_kubernetes_actions_outside_a_cluster():
+    assert KubernetesActions.from_environment({}) is None
+    assert KubernetesActions.from_environment({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}) is None
+    with pytest.raises(ValueError, match="every pod"):
+        KubernetesActions(kubernetes.client.ApiClient(), NS, " , ")
+
+
+def test_operator_cli_refuses_to_guess_its_namespace(monkeypatch, capsys):
+    monkeypatch.delenv("MESHKEEPER_NAMESPACE", raising=False)
+    with pytest.raises(SystemExit):
+        operator.parse_args(["--controller-url", "http://x:8080"])
+    assert "--namespace" in capsys.readouterr().err
