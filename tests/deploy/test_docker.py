@@ -113,6 +113,7 @@ def test_compose_exposes_only_what_a_user_needs():
     assert "--appendonly" in redis["command"] and redis["command"][redis["command"].index("--appendonly") + 1] == "yes"
     worker = services["worker"]
     assert "container_name" not in worker, "a named container cannot be scaled with --scale"
+    assert worker["environment"]["MESHKEEPER_METRICS_HOST"] == "0.0.0.0", "Prometheus scrapes workers"
     mounts = {(v["source"], v["target"]) for v in worker["volumes"]}
     assert ("checkpoints", "/checkpoints") in mounts
     for name in ("controller", "worker"):

@@ -85,6 +85,10 @@ def test_workers_have_a_startup_probe_and_never_a_liveness_probe(case):
     c = container(one(objects(CASES[case]), "Deployment", "-worker"))
     assert "livenessProbe" not in c, "a liveness probe would kill a training pod stuck in a collective"
     assert c["startupProbe"]["httpGet"]["port"] == "metrics"
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    # the agent binds 127.0.0.1 by default: the kubelet and Prometheus could not reach it
+    assert env["MESHKEEPER_METRICS_HOST"] == "0.0.0.0"
+    assert env["MESHKEEPER_ADDRESS"] == "$(MESHKEEPER_POD_IP)"
 
 
 def test_gpu_values_reach_the_worker_pod():
