@@ -73,6 +73,16 @@ def test_controller_image_installs_no_torch():
     assert not [r for r in reqs if re.match(r"torch\b", r)], reqs
 
 
+def test_the_controller_image_extras_exist():
+    """The Dockerfile installs .[controller,operator]: pip only warns about a missing extra."""
+    extras = tomllib.loads((dt.REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    wanted = re.search(r'pip install "\.\[([^\]]+)\]"', DOCKERFILE.read_text()).group(1)
+    missing = [e for e in wanted.split(",") if e not in extras]
+    assert not missing, f"pyproject.toml lacks the extras {missing} that the controller image installs"
+    names = {re.match(r"[A-Za-z0-9_.-]+", r).group(0).lower() for r in extras["operator"]}
+    assert {"kopf", "kubernetes"} <= names, extras["operator"]
+
+
 def test_dockerignore_lets_in_only_what_the_dockerfile_copies():
     lines = (dt.REPO / ".dockerignore").read_text().splitlines()
     assert "*" in lines, ".dockerignore should exclude everything, then allow the sources"

@@ -201,3 +201,37 @@ def test_example_training_job_fits_the_crd_and_the_job_spec():
     parse_spec({"name": job["metadata"]["name"], **job["spec"]})
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**job, "spec": {"model": {}}}, schema)  # train is required
+
+
+def _expand(value: str, env: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion in args and env values."""
+    for name, v in env.items():
+        value = value.replace(f"$({name})", v)
+    return value
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_container_command_line_parses_in_the_real_cli(case, monkeypatch):
+    """The chart's args against the argparse of the programs they start, so a renamed flag
+    fails here rather than in a crash-looping pod."""
+    from controller.__main__ import parse_args as controller_args
+    from controller.operator import parse_args as operator_args
+    from worker.__main__ import parse_args as worker_args
+
+    sample = {"MESHKEEPER_REDIS_URL": "redis://r:6379/0", "MESHKEEPER_POD_NAME": "p-1",
+              "MESHKEEPER_NODE_NAME": "n-1", "MESHKEEPER_NAMESPACE": "ml", "MESHKEEPER_POD_IP": "10.0.0.9"}
+    parsers = {"controller": controller_args, "operator": operator_args, "worker": worker_args}
+    seen = set()
+    for o in objects(CASES[case]):
+        if o["kind"] != "Deployment":
+            continue
+        c = container(o)
+        env = {e["name"]: _expand(e["value"], sample) for e in c.get("env", []) if "value" in e}
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)  # the programs read some settings from the environment
+        args = [_expand(a, {**sample, **env}) for a in c.get("args", [])]
+        assert "$(" not in " ".join(args), f"{c['name']}: unexpanded variable in {args}"
+        parsers[c["name"]](args)
+        seen.add(c["name"])
+    assert {"controller", "worker"} <= seen
+
