@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
 def write_spec(spec: dict, directory: Path, name: str = "job.yaml") -> Path:
@@ -19,25 +23,86 @@ def write_spec(spec: dict, directory: Path, name: str = "job.yaml") -> Path:
     return path
 
 
-def train(spec: dict, directory: Path, *, extra: list[str] = (), timeout: float = 300) -> list[dict]:
-    """Run the spec on dp*pp*tp local processes; return rank 0's step records."""
+def trainer_command(spec: dict, directory: Path, extra: list[str] = ()) -> list[str]:
+    """torchrun over dp*pp*tp local processes; rank 0's metrics go to directory/steps.jsonl."""
     directory.mkdir(parents=True, exist_ok=True)
     p = spec.get("parallel", {})
     nproc = p.get("dp", 1) * p.get("pp", 1) * p.get("tp", 1)
-    metrics = directory / "steps.jsonl"
-    metrics.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "worker.train", "--spec", str(write_spec(spec, directory)),
-           "--metrics-out", str(metrics), "--quiet", *extra]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "worker.train", "--spec", str(write_spec(spec, directory)),
+            "--metrics-out", str(directory / "steps.jsonl"), "--quiet", *extra]
+
+
+def run_trainer(spec: dict, directory: Path, *, extra: list[str] = (), timeout: float = 300,
+                fresh: bool = True) -> subprocess.CompletedProcess:
+    if fresh:
+        (directory / "steps.jsonl").unlink(missing_ok=True)
+    proc = subprocess.run(trainer_command(spec, directory, extra), cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
-    return [r for r in read_records(directory) if "step" in r]
+    return proc
+
+
+def train(spec: dict, directory: Path, *, extra: list[str] = (), timeout: float = 300) -> list[dict]:
+    """Run the spec to the end; return rank 0's step records."""
+    run_trainer(spec, directory, extra=extra, timeout=timeout)
+    return step_records(directory)
+
+
+def start_trainer(spec: dict, directory: Path, extra: list[str] = ()) -> subprocess.Popen:
+    """Start in its own session, so `kill_all` can SIGKILL every rank at once."""
+    directory.mkdir(parents=True, exist_ok=True)
+    log = (directory / "run.log").open("a")
+    return subprocess.Popen(trainer_command(spec, directory, extra), cwd=ROOT, env=ENV, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (torchrun starts its ranks in sessions of their own)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def kill_all(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher and every rank at once, as a node failure would."""
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+def wait_for(what: str, predicate: Callable[[], bool], proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"trainer exited ({proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            kill_all(proc)
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
 
 
 def read_records(directory: Path) -> list[dict]:
-    return [json.loads(line) for line in (directory / "steps.jsonl").read_text().splitlines()]
+    path = directory / "steps.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def step_records(directory: Path) -> list[dict]:
+    return [r for r in read_records(directory) if "step" in r and "event" not in r]
 
 
 def summary(directory: Path) -> dict:

@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 
 from services.spec import SpecError, check_world_size, load_spec
+from worker.checkpoint import Checkpointer, restored_line
+from worker.ckpt_store import CheckpointStore
 from worker.data import DataError
 from worker.parallel import ParallelDims, RankContext
 from worker.trainer import NonFiniteError, StepResult, Trainer
@@ -29,6 +31,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m worker.train", description=__doc__.splitlines()[0])
     ap.add_argument("--spec", required=True, help="job spec (YAML or JSON)")
     ap.add_argument("--metrics-out", help="JSON lines, one per step; '{rank}' in the path = one file per rank")
+    ap.add_argument("--checkpoint-root", help="checkpoint directory root (overrides checkpoint.root)")
+    ap.add_argument("--generation", type=int, default=int(os.environ.get("MK_GENERATION", 0)),
+                    help="the job's generation, recorded in every checkpoint")
     ap.add_argument("--quiet", action="store_true", help="no per-step lines")
     return ap.parse_args(argv)
 
@@ -94,6 +99,27 @@ def step_record(r: StepResult, rank: int) -> dict:
             "rank": rank}
 
 
+def make_checkpointer(args, spec, trainer: Trainer, metrics: "MetricsWriter") -> Checkpointer | None:
+    root = args.checkpoint_root or spec.checkpoint.root
+    if not root:
+        return None
+    p = spec.parallel
+    meta = {"job": spec.name, "generation": args.generation, "torch": torch.__version__,
+            "mesh": {"dp": p.dp, "pp": p.pp, "tp": p.tp}}
+    return Checkpointer(trainer, CheckpointStore(root, spec.name), mode=spec.checkpoint.mode,
+                        keep=spec.checkpoint.keep, meta=meta, report=metrics.write)
+
+
+def resume(ckpt: Checkpointer | None, spec, say) -> int:
+    """The first step to run: after the newest valid checkpoint, or 0."""
+    restored = ckpt.restore() if ckpt else None
+    if restored is None:
+        return 0
+    p = spec.parallel
+    say(restored_line(restored, {"dp": p.dp, "pp": p.pp, "tp": p.tp}), flush=True)
+    return restored.step
+
+
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     rank, world, device = init_distributed(timeout_s=max(60.0, spec.fault_tolerance.hang_after_s))
@@ -108,15 +134,27 @@ def run(args: argparse.Namespace) -> int:
             f"tp={spec.parallel.tp} zero={spec.parallel.zero}, {spec.train.steps} steps"
             + (f", entropy floor {floor:.4f} nats" if floor is not None else ""), flush=True)
         metrics = MetricsWriter(args.metrics_out, rank)
+        ckpt = make_checkpointer(args, spec, trainer, metrics)
+        start = resume(ckpt, spec, say)
         results: list[StepResult] = []
-        for step in range(spec.train.steps):
-            r = trainer.train_step(step)
+        every, steps = spec.checkpoint.every_steps, spec.train.steps
+        for step in range(start, steps):
+            r = trainer.train_step(step, before_update=ckpt.wait_staged if ckpt else lambda: None)
             results.append(r)
             metrics.write(step_record(r, rank))
             if not args.quiet:
-                say(f"step {step + 1:>6}/{spec.train.steps}  loss {r.loss:.4f}  lr {r.lr:.2e}  "
+                say(f"step {step + 1:>6}/{steps}  loss {r.loss:.4f}  lr {r.lr:.2e}  "
                     f"|g| {r.grad_norm:.3f}  {r.tokens / r.step_s:,.0f} tok/s  {r.step_s * 1e3:.0f} ms",
                     flush=True)
+            if ckpt:
+                ckpt.poll()
+                if (step + 1) % every == 0 or step + 1 == steps:
+                    ckpt.save(step + 1)
+        if ckpt:
+            ckpt.close()
+        if not results:
+            say(f"[meshkeeper] nothing to do: the checkpoint is at the last step ({steps})")
+            return 0
         tps = sum(r.tokens for r in results) / sum(r.step_s for r in results)
         summary = {"event": "done", "final_loss": results[-1].loss, "entropy_floor": floor,
                    "tokens_per_s": tps, "steps": len(results)}

@@ -58,8 +58,10 @@ class Trainer:
                 apply_fsdp(part, mesh["dp"], p.zero)
         self.parts = [m for _, m in parts]
         self.params = [q for m in self.parts for q in m.parameters()]
-        self.optimizer = build_optimizer(self.params, spec.train)
-        self.scheduler = build_scheduler(self.optimizer, spec.train)
+        # One optimizer per pipeline part: checkpoints key optimizer state by each part's
+        # parameter names, which is what lets a different pipeline split reload it.
+        self.optimizers = [build_optimizer(list(m.parameters()), spec.train) for m in self.parts]
+        self.schedulers = [build_scheduler(o, spec.train) for o in self.optimizers]
         self.schedule = (build_schedule(parts, p, mesh["pp"], ctx.device, self._loss_fn)
                          if p.pp > 1 else None)
         self.batches = Batches(spec.data, spec.model, spec.train.global_batch, p.dp)
@@ -95,7 +97,8 @@ class Trainer:
         dist.all_reduce(share)
         return float(share)
 
-    def train_step(self, step: int) -> StepResult:
+    def train_step(self, step: int, before_update=lambda: None) -> StepResult:
+        """One optimizer step; `before_update` runs just before parameters change."""
         t0 = time.perf_counter()
         self.clock.start()
         x, y = self.batches.local(step, self.ctx.coord.dp)
@@ -107,10 +110,12 @@ class Trainer:
         if not (torch.isfinite(torch.tensor(loss)) and torch.isfinite(torch.tensor(grad_norm))):
             raise NonFiniteError(f"step {step}: loss {loss}, grad norm {grad_norm} is not finite; "
                                  "lower train.lr or raise train.warmup_steps")
-        lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        lr = self.schedulers[0].get_last_lr()[0]
+        before_update()
+        for opt, sched in zip(self.optimizers, self.schedulers):
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
         step_s = time.perf_counter() - t0
         compute = min(demand, step_s)
         return StepResult(step, loss, grad_norm, lr, step_s, compute, step_s - compute,

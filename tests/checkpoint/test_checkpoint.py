@@ -1,0 +1,167 @@
+"""Sharded checkpoints with real processes: exact resume, resharding, crashes, bad storage."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.launch import kill_all, run_trainer, start_trainer, step_records, train, wait_for
+from worker.ckpt_store import MANIFEST, CheckpointStore
+
+JOB = "ckpt"
+
+
+def spec(steps: int, every: int, mode: str = "async", **parallel) -> dict:
+    return {"name": JOB, "model": {"preset": "tiny"}, "data": {"seed": 11},
+            "parallel": parallel, "train": {"steps": steps, "global_batch": 8, "lr": 1e-3, "warmup_steps": 3},
+            "checkpoint": {"every_steps": every, "keep": 5, "mode": mode}}
+
+
+def root_args(root: Path) -> list[str]:
+    return ["--checkpoint-root", str(root)]
+
+
+def committed_steps(root: Path) -> list[int]:
+    return sorted(int(d.name[5:]) for d in (root / JOB).glob("step-*") if (d / MANIFEST).is_file())
+
+
+def losses(records: list[dict], first: int, last: int) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in records if first <= r["step"] <= last}
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_is_bit_identical(tmp_path):
+    s = spec(30, 10, dp=2, tp=2)
+    full = train(s, tmp_path / "full", extra=root_args(tmp_path / "full-ckpt"))
+    assert committed_steps(tmp_path / "full-ckpt") == [10, 20, 30]
+
+    run_dir, root = tmp_path / "killed", tmp_path / "killed-ckpt"
+    proc = start_trainer(s, run_dir, root_args(root))
+    wait_for("step 17 with checkpoint 10 committed",
+             lambda: any(r["step"] >= 16 for r in step_records(run_dir)) and 10 in committed_steps(root), proc)
+    kill_all(proc)
+    assert max(r["step"] for r in step_records(run_dir)) < 20
+    again = run_trainer(s, run_dir, extra=root_args(root), fresh=False)
+    assert "resumed from step 10" in again.stdout and "same mesh" in again.stdout
+    resumed = step_records(run_dir)
+    assert min(r["step"] for r in resumed if r["step"] >= 10) == 10
+    # steps 21-30 (0-based 20..29), from the restarted run, equal bit for bit
+    assert losses(resumed[-20:], 20, 29) == losses(full, 20, 29)
+    assert len(losses(full, 20, 29)) == 10
+
+
+RESHARD = [  # (saved on, resumed on): covers dp 2->1, 1->2, 4->2, tp 2->1, pp 2->1
+    ({"dp": 2, "tp": 2}, {"dp": 1}),
+    ({"dp": 4}, {"dp": 2, "pp": 2, "microbatches": 2}),
+    ({"pp": 2, "microbatches": 2}, {"dp": 2, "zero": 2}),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("saved,resumed", RESHARD, ids=["dp2tp2-to-dp1", "dp4-to-dp2pp2", "pp2-to-dp2"])
+def test_resume_on_another_mesh(tmp_path, saved, resumed):
+    full = train(spec(20, 10, **saved), tmp_path / "full", extra=root_args(tmp_path / "root"))
+    shutil.rmtree(tmp_path / "root" / JOB / "step-00000020")
+    out = run_trainer(spec(20, 10, **resumed), tmp_path / "resumed", extra=root_args(tmp_path / "root"))
+    assert "resumed from step 10" in out.stdout and "resharded" in out.stdout
+    got, want = losses(step_records(tmp_path / "resumed"), 10, 19), losses(full, 10, 19)
+    assert got.keys() == want.keys() and len(got) == 10
+    for step in got:
+        assert got[step] == pytest.approx(want[step], rel=1e-5), f"step {step}"
+
+
+@pytest.mark.slow
+def test_sigkill_during_async_save_leaves_no_committed_partial(tmp_path):
+    s = spec(40, 3, dp=2)
+    run_dir, root = tmp_path / "run", tmp_path / "root"
+    proc = start_trainer(s, run_dir, root_args(root))
+
+    def shards_without_manifest() -> bool:
+        return any(any(d.glob("*.distcp")) and not (d / MANIFEST).exists() and committed_steps(root)
+                   for d in (root / JOB).glob("step-*"))
+
+    wait_for("a save in flight after a committed one", shards_without_manifest, proc)
+    kill_all(proc)
+    partial = [d for d in (root / JOB).glob("step-*") if not (d / MANIFEST).exists()]
+    assert partial, "the kill did not land inside a save"
+    newest_committed = committed_steps(root)[-1]
+    assert all(int(d.name[5:]) > newest_committed for d in partial)
+    again = run_trainer(s, run_dir, extra=root_args(root), fresh=False)
+    assert f"resumed from step {newest_committed}" in again.stdout
+    assert "no commit marker" in again.stderr
+
+
+@pytest.mark.slow
+def test_corrupt_shard_falls_back_to_previous(tmp_path):
+    s = spec(20, 10, dp=2)
+    run_dir, root = tmp_path / "run", tmp_path / "root"
+    train(s, run_dir, extra=root_args(root) + ["--generation", "3"])
+    shard = sorted((root / JOB / "step-00000020").glob("*.distcp"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    manifest = json.loads((root / JOB / "step-00000010" / MANIFEST).read_text())
+    assert manifest["generation"] == 3 and manifest["mesh"] == {"dp": 2, "pp": 1, "tp": 1}
+    again = run_trainer(s, run_dir, extra=root_args(root))
+    assert "step-00000020: checksum mismatch" in again.stderr
+    assert "resumed from step 10" in again.stdout
+    assert [r["step"] for r in step_records(run_dir)] == list(range(10, 20))
+
+
+@pytest.mark.slow
+def test_unusable_path_keeps_training_and_previous_checkpoint(tmp_path):
+    s = spec(15, 5, mode="sync", dp=2)
+    run_dir, root = tmp_path / "run", tmp_path / "root"
+    (root / JOB).mkdir(parents=True)
+    (root / JOB / "step-00000010").write_text("not a directory")  # the save of step 10 cannot land
+    out = run_trainer(s, run_dir, extra=root_args(root))
+    records = step_records(run_dir)
+    assert [r["step"] for r in records] == list(range(15))
+    assert "checkpoint at step 10 FAILED" in out.stderr
+    assert committed_steps(root) == [5, 15]
+    store = CheckpointStore(root, JOB)
+    assert store.verify(store.step_dir(5)).step == 5
+    events = [json.loads(x) for x in (run_dir / "steps.jsonl").read_text().splitlines() if "checkpoint_failed" in x]
+    assert [e["step"] for e in events] == [10]
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], capture_output=True, text=True)
+    assert proc.returncode == 0, f"this test needs root to mount a small tmpfs: {proc.stderr}"
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.slow
+def test_disk_full_keeps_training_and_previous_checkpoint(tmp_path, tiny_disk):
+    # one tiny checkpoint (dp2, 2 shards + optimizer) is ~4 MB: the second one cannot fit
+    s = spec(12, 4, mode="async", dp=2)
+    s["checkpoint"]["keep"] = 3
+    out = run_trainer(s, tmp_path / "run", extra=root_args(tiny_disk))
+    assert [r["step"] for r in step_records(tmp_path / "run")] == list(range(12))
+    assert "FAILED" in out.stderr
+    committed = committed_steps(tiny_disk)
+    assert committed and committed[0] == 4
+    store = CheckpointStore(tiny_disk, JOB)
+    for step in committed:
+        store.verify(store.step_dir(step))
+
+
+def test_store_prunes_to_keep(tmp_path):
+    store = CheckpointStore(tmp_path, JOB)
+    for step in (1, 2, 3, 4):
+        d = store.step_dir(step)
+        d.mkdir(parents=True)
+        (d / ".metadata").write_bytes(b"m")
+        store.commit(step, {"generation": 0})
+    store.step_dir(5).mkdir()  # a save in flight: newer than everything, must survive
+    store.prune(keep=2)
+    assert [d.name for d in store.candidates()] == ["step-00000005", "step-00000004", "step-00000003"]
+    assert store.verify(store.step_dir(4)).manifest["step"] == 4
