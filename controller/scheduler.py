@@ -133,7 +133,7 @@ class Scheduler:
         asg = Assignment.from_fields(self.store.job_assignment(job.id))
         if asg is None or asg.generation != job.generation:
             return  # being rewritten; next pass
-        alive = set(self.store.alive_workers(self.cfg.worker_alive_s, now))
+        alive = self.store.alive_among(asg.workers, self.cfg.worker_alive_s)
         ranks = rank_view(asg, self.store.progress(asg.workers), alive)
         states = [r["state"] for r in ranks]
         if all(s == "succeeded" for s in states):

@@ -25,7 +25,7 @@ def job_status(store: Store, job: Job, alive_within_s: float) -> dict:
     if job.phase in TERMINAL:
         ranks = job.final_ranks  # as the controller saw them at the end
     elif asg is not None:
-        alive = set(store.alive_workers(alive_within_s))
+        alive = store.alive_among(asg.workers, alive_within_s)
         ranks = rank_view(asg, store.progress(asg.workers), alive)
         for k, v in summarize(ranks).items():  # fresher than the controller's last write
             if v is not None and (k != "step" or v >= job.step):

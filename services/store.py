@@ -224,6 +224,18 @@ class Store:
         return dict(self.r.zrangebyscore(self.keys.workers_seen(), now - within_s, "+inf",
                                          withscores=True))
 
+    def alive_among(self, wids: list[str], within_s: float) -> set[str]:
+        """Which of `wids` heartbeat within `within_s` of server time: one round trip, and
+        O(len(wids)) however big the pool is."""
+        if not wids:
+            return set()
+        pipe = self.r.pipeline(transaction=False)
+        pipe.time()
+        pipe.zmscore(self.keys.workers_seen(), wids)
+        (s, us), scores = pipe.execute()
+        cutoff = s + us / 1e6 - within_s
+        return {w for w, t in zip(wids, scores) if t is not None and t >= cutoff}
+
     def _hgetall_many(self, keys: Iterable[str]) -> list[dict[str, str]]:
         pipe = self.r.pipeline(transaction=False)
         for k in keys:

@@ -35,6 +35,7 @@ def main() -> int:
 
     import worker.train
 
+    print(f"[meshkeeper] warm trainer ready (pid {os.getpid()})", flush=True)
     line = sys.stdin.readline()
     if not line.strip():
         return 0
