@@ -45,6 +45,14 @@ class Job:
     def total_steps(self) -> int:
         return int(self.spec.get("train", {}).get("steps", 0))
 
+    def absorb(self, progress: dict) -> None:
+        """Take the latest step, loss and speed of a rank summary (`ranks.summarize`); the
+        step never goes back (a report may be older than what was already stored)."""
+        for k in ("step", "loss", "tokens_per_s", "step_s"):
+            v = progress.get(k)
+            if v is not None and (k != "step" or v >= self.step):
+                setattr(self, k, v)
+
     def set(self, type_: str, status: bool, reason: str, message: str, now: float) -> bool:
         return set_condition(self.conditions, type_, status, reason, message, now)
 

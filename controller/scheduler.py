@@ -145,7 +145,7 @@ class Scheduler:
             self.on_rank_failed(job, asg, ranks, failed, lease, now)
             return
         before = job.fields()
-        job.__dict__.update({k: v for k, v in summarize(ranks).items() if v is not None})
+        job.absorb(summarize(ranks))
         if job.step > 0 and all(s == "running" for s in states):
             job.set("Running", True, "Training", f"generation {job.generation}: all "
                     f"{len(ranks)} ranks training", now)
@@ -170,7 +170,7 @@ class Scheduler:
     def finish(self, job: Job, asg: Assignment | None, ranks: list[dict], outcome: str,
                reason: str, message: str, lease: str, now: float) -> None:
         """Terminal state, the final rank view kept on the job, and every worker released."""
-        job.__dict__.update({k: v for k, v in summarize(ranks).items() if v is not None})
+        job.absorb(summarize(ranks))
         # ranks still going are being stopped by this very transaction
         job.final_ranks = [{**r, "state": r["state"] if r["state"] in FINAL_RANK_STATES else "stopped"}
                            for r in ranks]

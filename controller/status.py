@@ -27,9 +27,7 @@ def job_status(store: Store, job: Job, alive_within_s: float) -> dict:
     elif asg is not None:
         alive = store.alive_among(asg.workers, alive_within_s)
         ranks = rank_view(asg, store.progress(asg.workers), alive)
-        for k, v in summarize(ranks).items():  # fresher than the controller's last write
-            if v is not None and (k != "step" or v >= job.step):
-                setattr(job, k, v)
+        job.absorb(summarize(ranks))  # fresher than the controller's last write
     ckpt = store.checkpoint(job.id)
     out = job_summary(job)
     out.update({

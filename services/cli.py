@@ -18,7 +18,7 @@ from pathlib import Path
 from services import render
 from services.client import DEFAULT_URL, ApiError, Client
 from services.spec import SpecError, load_spec
-from services.stack import LocalStack, StackConfig, StackError
+from services.stack import LocalStack, StackConfig, StackError, wait_ready
 
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -100,16 +100,9 @@ def cmd_workers(args: argparse.Namespace) -> int:
 
 def cmd_ready(args: argparse.Namespace) -> int:
     """Wait until the controller is ready and at least N workers are alive (for scripts)."""
-    deadline = time.monotonic() + args.timeout
-    with Client(args.url, timeout=2.0) as c:
-        while time.monotonic() < deadline:
-            try:
-                if c.ready() and sum(w.alive for w in c.workers()) >= args.workers:
-                    print(f"ready: {args.url}")
-                    return 0
-            except ApiError:
-                pass
-            time.sleep(0.3)
+    if wait_ready(args.url, args.workers, args.timeout):
+        print(f"ready: {args.url}")
+        return 0
     raise CliError(f"the controller at {args.url} was not ready with {args.workers} workers "
                    f"within {args.timeout:.0f}s")
 

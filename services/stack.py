@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from services.client import ApiError, Client
 from services.procs import die_with_parent, free_port, stop_all
@@ -26,6 +27,22 @@ class StackError(RuntimeError):
     pass
 
 
+def wait_ready(url: str, workers: int, timeout_s: float, check: Callable[[], None] = lambda: None) -> bool:
+    """Whether the controller at `url` became ready with `workers` live workers in time.
+    `check` runs on every poll (it raises to give up early)."""
+    deadline = time.monotonic() + timeout_s
+    with Client(url, timeout=2.0) as c:
+        while time.monotonic() < deadline:
+            check()
+            try:
+                if c.ready() and sum(w.alive for w in c.workers()) >= workers:
+                    return True
+            except ApiError:
+                pass
+            time.sleep(0.2)
+    return False
+
+
 @dataclass(frozen=True)
 class StackConfig:
     workers: int
@@ -33,7 +50,6 @@ class StackConfig:
     run_dir: Path
     redis_url: str | None = None  # None: start our own redis-server
     warm: int = 1
-    checkpoint_root: Path | None = None
 
 
 class LocalStack:
@@ -64,9 +80,8 @@ class LocalStack:
         for i in range(self.cfg.workers):
             argv = [py, "-m", "worker", "--redis-url", self.redis_url, "--id", f"w{i}",
                     "--address", "127.0.0.1", "--run-dir", str(self.cfg.run_dir / "workers" / f"w{i}"),
-                    "--warm", str(self.cfg.warm), "--metrics-port", "0"]
-            if self.cfg.checkpoint_root:
-                argv += ["--checkpoint-root", str(self.cfg.checkpoint_root)]
+                    "--warm", str(self.cfg.warm), "--metrics-port", "0",
+                    "--checkpoint-root", str(self.cfg.run_dir / "checkpoints")]  # one for all ranks
             self._spawn(f"worker-w{i}", argv)
         self._wait_ready(timeout_s)
 
@@ -90,17 +105,8 @@ class LocalStack:
             store.close()
 
     def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        with Client(self.url, timeout=2.0) as c:
-            while time.monotonic() < deadline:
-                self.check()
-                try:
-                    if c.ready() and sum(w.alive for w in c.workers()) >= self.cfg.workers:
-                        return
-                except ApiError:
-                    pass
-                time.sleep(0.2)
-        raise StackError(f"the stack was not ready within {timeout_s:.0f}s; see the logs in {self.logs}")
+        if not wait_ready(self.url, self.cfg.workers, timeout_s, self.check):
+            raise StackError(f"the stack was not ready within {timeout_s:.0f}s; see the logs in {self.logs}")
 
     def check(self) -> None:
         """Raise if a process of the stack exited."""

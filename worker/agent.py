@@ -42,7 +42,7 @@ class AgentConfig:
     heartbeat_s: float = 0.5
     tick_s: float = 0.2
     stop_grace_s: float = 3.0  # SIGTERM -> SIGKILL
-    checkpoint_root: Path | None = None
+    checkpoint_root: Path | None = None  # shared by every worker of a job (default: run_dir)
 
 
 @dataclass
@@ -166,6 +166,9 @@ class Agent:
         d.mkdir(parents=True, exist_ok=True)
         spec_path = d / "spec.json"
         spec_path.write_text(json.dumps(spec))
+        # Always under the agent's root, whatever the spec says (DESIGN.md section 10), and per
+        # job id: the trainer names its directory after the spec's name, which jobs may share.
+        ckpt_root = (self.cfg.checkpoint_root or self.cfg.run_dir / "checkpoints") / job
         run = Run(job, generation, role)
         for e in asg.ranks_of(self.cfg.wid):
             env = {"RANK": str(e.rank), "WORLD_SIZE": str(asg.shape.world_size),
@@ -173,9 +176,8 @@ class Agent:
                    "MASTER_ADDR": asg.master_addr, "MASTER_PORT": str(asg.master_port),
                    "MESHKEEPER_JOB": job, "MESHKEEPER_GENERATION": str(generation),
                    "MESHKEEPER_COORD": ",".join(map(str, e.coord))}
-            argv = ["--spec", str(spec_path), "--metrics-out", str(d / "metrics-{rank}.jsonl")]
-            if self.cfg.checkpoint_root:
-                argv += ["--checkpoint-root", str(self.cfg.checkpoint_root)]
+            argv = ["--spec", str(spec_path), "--metrics-out", str(d / "metrics-{rank}.jsonl"),
+                    "--checkpoint-root", str(ckpt_root), "--generation", str(generation)]
             metrics, log_path = d / f"metrics-{e.rank}.jsonl", d / f"rank{e.rank}.log"
             proc = self.launcher.launch(argv, env, log_path)
             run.ranks[e.rank] = RankProcess(e.rank, proc, metrics, log_path)
@@ -218,7 +220,7 @@ class Agent:
                     p.last, p.state = rec, "running"
                     if self.metrics:
                         self.metrics.observe_step(rec)
-                elif rec.get("event") == "checkpoint":
+                elif rec.get("event") == "checkpoint" and p.rank == 0:  # every rank reports it
                     self._outbox.append(("checkpoint", run.job, run.generation, rec))
             if code is not None:
                 p.exit_code, p.state = code, "succeeded" if code == 0 else "failed"

@@ -139,7 +139,9 @@ class Stack:
     def _agent(self, wid: str) -> Proc:
         return Proc(f"agent-{wid}", [sys.executable, "-m", "worker", "--redis-url", self.redis.url,
                                      "--id", wid, "--address", "127.0.0.1", "--metrics-port", "0",
-                                     "--run-dir", str(self.work / "workers" / wid)], self.work / "logs")
+                                     "--run-dir", str(self.work / "workers" / wid),
+                                     "--checkpoint-root", str(self.work / "checkpoints")],
+                    self.work / "logs")
 
     def idle_workers(self) -> list[str]:
         return [w.id for w in self.client.workers() if w.alive and w.state == "idle" and not w.job]

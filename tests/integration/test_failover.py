@@ -27,8 +27,12 @@ def max_progress_step(stack, job_id: str) -> int:
 
 
 def placed_by(stack, job_id: str) -> str:
-    ev = next(e for e in stack.client.events(job_id) if e.reason == "Placed")
-    return ev.source.removeprefix("controller/")
+    """The one controller that wrote the job's events (placed it, ended it)."""
+    events = stack.client.events(job_id)
+    assert [e.reason for e in events].count("Placed") == 1, events
+    writers = {e.source for e in events if e.source.startswith("controller/")}
+    assert len(writers) == 1, writers
+    return writers.pop().removeprefix("controller/")
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -38,6 +39,11 @@ def assert_succeeded(stack, job_id: str, spec: dict) -> None:
     for r in ranks:  # TP innermost, DP outermost: the trainer's init_device_mesh order
         c = r.coord
         assert r.rank == (c.dp * p.get("pp", 1) + c.pp) * p.get("tp", 1) + c.tp
+    # the final save committed, and rank 0's agent moved the pointer (generation-guarded CAS)
+    ck = j.last_checkpoint
+    assert ck is not None and (ck.step, ck.generation) == (spec["train"]["steps"], 1), ck
+    assert ck.path.startswith(str(stack.work / "checkpoints" / job_id))
+    assert (Path(ck.path) / "manifest.json").exists()
     losses = rank0_losses(stack, j)
     assert len(losses) == spec["train"]["steps"]
     assert j.loss == pytest.approx(losses[-1])
