@@ -103,7 +103,7 @@ def create_app(ctl: Controller) -> FastAPI:
         if phase is not None and phase not in PHASES:
             raise ApiError(422, f"unknown phase {phase!r}",
                            [{"field": "query.phase", "message": f"use one of {', '.join(PHASES)}"}])
-        ids = ctl.store.job_ids()
+        ids = ctl.store.job_ids(last=0 if phase else limit)  # a phase filter reads them all
         out = [job_summary(j) for j in (Job.from_hash(i, h) for i, h in ctl.store.jobs(ids).items())
                if j and (phase is None or j.phase == phase)]
         return {"jobs": out[-limit:]}

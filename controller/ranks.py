@@ -8,7 +8,8 @@ from __future__ import annotations
 from services.assignment import FINAL_RANK_STATES, Assignment
 from services.store import loads
 
-REPORTED = ("step", "loss", "tokens_per_s", "step_s", "compute_s", "wait_s", "pid", "exit_code", "log")
+REPORTED = ("step", "loss", "tokens_per_s", "step_s", "compute_s", "wait_s", "pid", "exit_code",
+            "error", "log")
 
 
 def rank_view(asg: Assignment, progress: dict[str, dict[str, str]],

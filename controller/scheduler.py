@@ -157,8 +157,9 @@ class Scheduler:
         """Hook for recovery (a later issue); for now a failed trainer fails the job."""
         r = failed[0]
         c = r["coord"]
+        why = r["error"] or f"exited with code {r['exit_code']}"
         msg = (f"rank {r['rank']} (dp={c['dp']} pp={c['pp']} tp={c['tp']}) on worker {r['worker']} "
-               f"exited with code {r['exit_code']}; its log: {r['log']}")
+               f"failed: {why}; its log: {r['log']}")
         self.finish(job, asg, ranks, "Failed", "TrainerFailed", msg, lease, now)
 
     # -- endings -----------------------------------------------------------------------

@@ -50,6 +50,7 @@ class RankStatus(Doc):
     wait_s: float | None = None
     pid: int | None = None  # the trainer process on its worker's host
     exit_code: int | None = None
+    error: str | None = None  # why a rank failed, when no exit code tells
     log: str | None = None
 
 

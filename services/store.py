@@ -272,9 +272,10 @@ class Store:
     def jobs(self, jids: list[str]) -> dict[str, dict[str, str]]:
         return dict(zip(jids, self._hgetall_many(self.keys.job(j) for j in jids)))
 
-    def job_ids(self, open_only: bool = False, limit: int = -1) -> list[str]:
+    def job_ids(self, open_only: bool = False, last: int = 0) -> list[str]:
+        """Job ids in submission order; only the newest `last` when given."""
         key = self.keys.jobs_open() if open_only else self.keys.jobs()
-        return self.r.zrange(key, 0, limit - 1 if limit > 0 else -1)
+        return self.r.zrange(key, -last if last > 0 else 0, -1)
 
     def job_assignment(self, jid: str) -> dict[str, str]:
         return self.r.hgetall(self.keys.job_assignment(jid))

@@ -162,6 +162,8 @@ class Agent:
         if asg is None or asg.generation != generation or spec is None:
             self._reread_at = 0.0  # the controller is mid-write: look again next tick
             return
+        if self._started_before(job, generation):
+            return
         d = self.cfg.run_dir / "jobs" / job / f"g{generation}"
         d.mkdir(parents=True, exist_ok=True)
         spec_path = d / "spec.json"
@@ -181,12 +183,27 @@ class Agent:
             metrics, log_path = d / f"metrics-{e.rank}.jsonl", d / f"rank{e.rank}.log"
             proc = self.launcher.launch(argv, env, log_path)
             run.ranks[e.rank] = RankProcess(e.rank, proc, metrics, log_path)
-        self.run = run
+        self.run, self._dirty = run, True
         pids = {r: p.proc.pid for r, p in run.ranks.items()}
         log.info("job %s generation %d: started ranks %s (pids %s), rendezvous %s:%d",
                  job, generation, sorted(pids), sorted(pids.values()), asg.master_addr, asg.master_port)
         self._event("TrainerStarted", f"worker {self.cfg.wid} started ranks {sorted(pids)} "
                                       f"(pids {sorted(pids.values())})")
+
+    def _started_before(self, job: str, generation: int) -> bool:
+        """A previous incarnation of this agent (same id) already ran this generation: its
+        trainers died with it, and new ones must not join that world's rendezvous. Report the
+        ranks failed instead, and serve the assignment without trainers until it changes."""
+        old = self.store.progress([self.cfg.wid])[self.cfg.wid]
+        if old.get("job") != job or old.get("generation") != str(generation):
+            return False
+        ranks = {r: {**v, "state": "failed", "error": "agent restarted; its trainers are gone"}
+                 for r, v in loads(old.get("ranks"), {}).items()}
+        self.store.write_progress(self.cfg.wid, {**old, "state": "failed", "ranks": ranks})
+        self.run = Run(job, generation, "orphaned")
+        log.warning("job %s generation %d was started by an earlier run of this agent; "
+                    "reported its ranks %s failed", job, generation, sorted(ranks))
+        return True
 
     def _end_run(self, why: str) -> None:
         run, t0 = self.run, time.monotonic()

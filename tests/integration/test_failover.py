@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from tests.integration.conftest import tiny_spec, wait_phase, wait_until
+from tests.integration.conftest import process_groups_alive, tiny_spec, wait_phase, wait_until
 
 
 def max_progress_step(stack, job_id: str) -> int:
@@ -105,3 +105,21 @@ def test_redis_restart_mid_job(stack):
     assert done.phase == "Succeeded" and done.step == 60
     assert done.generation == 1  # nothing restarted: the trainers never noticed
     assert stack.controller.proc.alive()
+
+
+@pytest.mark.slow
+def test_agent_restarted_with_its_id_does_not_rejoin_the_old_world(stack):
+    """Its trainers died with it; the restarted agent reports those ranks failed instead of
+    starting new ones into the running world's rendezvous (no recovery yet: the job fails)."""
+    jid = stack.client.submit(tiny_spec("orphan", train={"steps": 100000})).id
+    j = wait_until(lambda: (j := stack.client.job(jid)).step >= 2 and j, 120, "training")
+    victim = next(r for r in j.mesh.ranks if r.rank == 1)
+    pids = [r.pid for r in j.mesh.ranks]
+    stack.agents[victim.worker].kill(signal.SIGKILL)
+    wait_until(lambda: not process_groups_alive([victim.pid]), 10, "its trainer to die with it")
+    stack.agents[victim.worker] = stack._agent(victim.worker)
+    done = wait_phase(stack.client, jid, ("Failed",), 30)
+    failed = done.condition("Failed")
+    assert failed.reason == "TrainerFailed" and "agent restarted" in failed.message, failed
+    assert f"rank 1 (dp=1 pp=0 tp=0) on worker {victim.worker}" in failed.message
+    wait_until(lambda: not process_groups_alive(pids), 15, "every trainer of the job to stop")
