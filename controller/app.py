@@ -20,6 +20,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from controller import jobs
@@ -94,7 +95,7 @@ def create_app(ctl: Controller) -> FastAPI:
         except SpecError as e:
             raise ApiError(422, f"invalid job spec: {len(e.problems)} problem(s)",
                            [{"field": p.field, "message": p.message} for p in e.problems])
-        job = jobs.submit(ctl.store, spec)
+        job = await run_in_threadpool(jobs.submit, ctl.store, spec)  # Redis is blocking I/O
         return {"id": job.id, "phase": job.phase}
 
     @app.get("/v1/jobs", tags=["jobs"], response_model=api.JobList)

@@ -11,7 +11,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.conditions import phase_of, set_condition
+from controller.conditions import condition, phase_of, set_condition
 from services.spec import JobSpec
 from services.store import Store, loads
 
@@ -52,6 +52,9 @@ class Job:
             v = progress.get(k)
             if v is not None and (k != "step" or v >= self.step):
                 setattr(self, k, v)
+
+    def condition(self, type_: str) -> dict | None:
+        return condition(self.conditions, type_)
 
     def set(self, type_: str, status: bool, reason: str, message: str, now: float) -> bool:
         return set_condition(self.conditions, type_, status, reason, message, now)

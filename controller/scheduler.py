@@ -122,10 +122,12 @@ class Scheduler:
                    f"{sum(w.slots for w in free)} slots on {len(free)} idle workers")
         else:
             msg = f"queued behind job {blocked_by} (jobs start in submission order)"
+        was = (job.condition("Running") or {}).get("reason")
         if job.set("Running", False, "WaitingForCapacity", msg, now):
             tx = Tx().hset(self.k.job(job.id), job.fields())
-            tx.event(self.k.job_events(job.id),
-                     self._event("Normal", "WaitingForCapacity", msg, now, job.generation))
+            if was != "WaitingForCapacity":  # an event when it starts waiting, not per count change
+                tx.event(self.k.job_events(job.id),
+                         self._event("Normal", "WaitingForCapacity", msg, now, job.generation))
             self.store.commit(tx, lease)
 
     # -- running jobs ------------------------------------------------------------------
