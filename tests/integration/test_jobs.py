@@ -85,7 +85,8 @@ def test_second_job_waits_for_capacity_then_runs(stack):
     assert len(j1.mesh.spares) == 3
     roles = {w.id: w.role for w in stack.client.workers() if w.job == first}
     assert sorted(roles.values()) == ["rank", "rank", "spare", "spare", "spare"]
-    j2 = stack.client.job(second)
+    j2 = wait_until(lambda: (j := stack.client.job(second)).condition("Running").reason
+                    == "WaitingForCapacity" and j, 10, "the second job to wait")
     assert j2.phase == "Pending"
     waiting = j2.condition("Running")
     assert (waiting.status, waiting.reason) == ("False", "WaitingForCapacity")
