@@ -97,7 +97,7 @@ class MetricsWriter:
 def step_record(r: StepResult, rank: int) -> dict:
     return {"step": r.step, "loss": r.loss, "tokens_per_s": r.tokens / r.step_s, "step_s": r.step_s,
             "compute_s": r.compute_s, "wait_s": r.wait_s, "lr": r.lr, "grad_norm": r.grad_norm,
-            "rank": rank}
+            "rank": rank, "time": time.time()}
 
 
 def make_checkpointer(args, spec, trainer: Trainer, metrics: "MetricsWriter") -> Checkpointer | None:
@@ -124,12 +124,14 @@ def resume(ckpt: Checkpointer | None, spec, say, metrics: "MetricsWriter") -> in
 
 
 def run(args: argparse.Namespace) -> int:
+    started_at = time.time()
     spec = load_spec(args.spec)
     rank, world, device = init_distributed(timeout_s=max(60.0, spec.fault_tolerance.hang_after_s))
     try:
         check_world_size(spec, world)
         dims = ParallelDims(spec.parallel, device.type)
         ctx = RankContext(dims, dims.build_mesh(), rank, device)
+        rendezvous_at = time.time()
         trainer = Trainer(spec, ctx)
         say = print if rank == 0 else (lambda *a, **k: None)
         floor = trainer.batches.entropy_floor()
@@ -139,6 +141,9 @@ def run(args: argparse.Namespace) -> int:
         metrics = MetricsWriter(args.metrics_out, rank)
         ckpt = make_checkpointer(args, spec, trainer, metrics)
         start = resume(ckpt, spec, say, metrics)
+        # Wall-clock milestones: the controller turns them into a recovery's phase durations.
+        metrics.write({"event": "ready", "rank": rank, "started_at": started_at,
+                       "rendezvous_at": rendezvous_at, "ready_at": time.time(), "start_step": start})
         results: list[StepResult] = []
         every, steps = spec.checkpoint.every_steps, spec.train.steps
         for step in range(start, steps):
