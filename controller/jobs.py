@@ -36,10 +36,30 @@ class Job:
     tokens_per_s: float | None = None
     step_s: float | None = None
     final_ranks: list[dict] = field(default_factory=list)  # the rank view kept once terminal
+    recoveries: list[dict] = field(default_factory=list)  # newest last, bounded
+    current: dict = field(default_factory=dict)  # {dp, microbatches} when dp was shrunk
+    flagged: dict = field(default_factory=dict)  # straggler reported (action: report)
 
     @property
     def phase(self) -> str:
         return phase_of(self.conditions)
+
+    @property
+    def open_recovery(self) -> dict | None:
+        r = self.recoveries[-1] if self.recoveries else None
+        return r if r and r.get("completed_at") is None else None
+
+    @property
+    def target_dp(self) -> int:
+        return int(self.spec["parallel"]["dp"])
+
+    @property
+    def dp(self) -> int:
+        return int(self.current.get("dp", self.target_dp))
+
+    @property
+    def microbatches(self) -> int | None:
+        return self.current.get("microbatches")
 
     @property
     def total_steps(self) -> int:
@@ -65,7 +85,8 @@ class Job:
                 "conditions": self.conditions, "started_at": self.started_at,
                 "finished_at": self.finished_at, "step": self.step, "loss": self.loss,
                 "tokens_per_s": self.tokens_per_s, "step_s": self.step_s,
-                "final_ranks": self.final_ranks or None}
+                "final_ranks": self.final_ranks or None, "recoveries": self.recoveries or None,
+                "current": self.current, "flagged": self.flagged}
 
     @classmethod
     def from_hash(cls, jid: str, h: dict[str, str]) -> "Job | None":
@@ -82,7 +103,9 @@ class Job:
                    submitted_at=num("submitted_at"), started_at=num("started_at"),
                    finished_at=num("finished_at"), step=num("step", int) or 0, loss=num("loss"),
                    tokens_per_s=num("tokens_per_s"), step_s=num("step_s"),
-                   final_ranks=loads(h.get("final_ranks"), []))
+                   final_ranks=loads(h.get("final_ranks"), []),
+                   recoveries=loads(h.get("recoveries"), []), current=loads(h.get("current"), {}),
+                   flagged=loads(h.get("flagged"), {}))
 
 
 def new_job_id(name: str) -> str:

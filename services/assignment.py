@@ -43,6 +43,17 @@ class Assignment:
     ranks: list[RankEntry]
     spares: list[str] = field(default_factory=list)
     tp_split: bool = False
+    microbatches: int | None = None  # None: the spec's; set when a shrink changed dp
+
+    def effective_spec(self, spec: dict) -> dict:
+        """The spec this generation trains with: its mesh may be smaller than the submitted one
+        (dp shrunk after a failure); the global batch never changes."""
+        parallel = {**spec["parallel"], "dp": self.shape.dp, "pp": self.shape.pp, "tp": self.shape.tp}
+        if self.microbatches:
+            parallel["microbatches"] = self.microbatches
+        ft = {**spec.get("fault_tolerance", {})}
+        ft["min_dp"] = min(ft.get("min_dp", 1), self.shape.dp)
+        return {**spec, "parallel": parallel, "fault_tolerance": ft}
 
     @property
     def workers(self) -> list[str]:
@@ -55,7 +66,7 @@ class Assignment:
         out = {"job": self.job, "generation": self.generation, "world_size": self.shape.world_size,
                "shape": [self.shape.dp, self.shape.pp, self.shape.tp],
                "master_addr": self.master_addr, "master_port": self.master_port,
-               "spares": self.spares, "tp_split": self.tp_split}
+               "spares": self.spares, "tp_split": self.tp_split, "microbatches": self.microbatches}
         out.update({f"rank:{r.rank}": r.to_json() for r in self.ranks})
         return out
 
@@ -71,6 +82,6 @@ class Assignment:
                                        int(e.get("local_world_size", 1))))
             return cls(h["job"], int(h["generation"]), shape, h["master_addr"],
                        int(h["master_port"]), ranks, loads(h.get("spares"), []),
-                       h.get("tp_split") == "1")
+                       h.get("tp_split") == "1", loads(h.get("microbatches")))
         except (KeyError, TypeError, ValueError):
             return None
