@@ -3,8 +3,7 @@
 Every write is one fenced transaction (`Store.commit`), so a controller that lost the lease
 mid-pass changes nothing. The pass is stateless: all it knows it reads from Redis.
 
-Hooks for the fault-tolerance work: `on_rank_failed` (today: fail the job) and the
-`lost` rank state from `rank_view` (today: shown in status only, no action).
+Faults of running jobs (dead, hung, straggling ranks) are handled by controller/faults.py.
 """
 
 from __future__ import annotations
@@ -13,8 +12,10 @@ import logging
 import random
 from dataclasses import dataclass
 
+from controller.faults import FaultHandler
 from controller.jobs import Job
 from controller.placement import FreeWorker, Placement, natural_key, place
+from controller.recovery import Layout
 from controller.ranks import rank_view, summarize
 from services.assignment import FINAL_RANK_STATES, Assignment
 from services.mesh import MeshShape
@@ -33,6 +34,7 @@ class Scheduler:
     def __init__(self, store: Store, cfg: SchedulerConfig, controller_id: str):
         self.store, self.cfg, self.me = store, cfg, controller_id
         self.k = store.keys
+        self.faults = FaultHandler(self)
 
     def run_once(self, lease: str) -> None:
         jids = self.store.job_ids(open_only=True)
@@ -48,7 +50,7 @@ class Scheduler:
                 self.store.commit(Tx().zrem(self.k.jobs_open(), jid), lease)
             elif job.cancel_requested:
                 self.cancel(job, lease, now)
-            elif job.phase == "Pending":
+            elif job.phase == "Pending" or self.awaiting_capacity(job):
                 if blocked_by is None:
                     free = self.free_workers(now) if free is None else free
                     placed = self.try_start(job, free, lease, now)
@@ -57,8 +59,13 @@ class Scheduler:
                         continue
                     blocked_by = jid
                 self.wait(job, free or [], blocked_by, lease, now)
-            elif job.phase == "Running":
+            elif job.phase in ("Running", "Recovering"):
                 self.follow(job, lease, now)
+
+    @staticmethod
+    def awaiting_capacity(job: Job) -> bool:
+        rec = job.open_recovery
+        return bool(rec) and rec.get("action") == "wait" and rec.get("to_generation") is None
 
     # -- placing --------------------------------------------------------------------------
     def free_workers(self, now: float) -> list[FreeWorker]:
@@ -71,21 +78,40 @@ class Scheduler:
 
     def try_start(self, job: Job, free: list[FreeWorker], lease: str, now: float) -> Placement | None:
         p = job.spec["parallel"]
-        shape = MeshShape(p["dp"], p["pp"], p["tp"])
-        spares = job.spec["fault_tolerance"]["spares"]
-        placed = place(shape, spares, free)
+        shape = MeshShape(job.dp, p["pp"], p["tp"])  # smaller than the spec's after a shrink
+        placed = place(shape, job.spec["fault_tolerance"]["spares"], free)
         if placed is None:
             return None
-        address = {w.wid: w.address for w in free}
-        master = address[placed.ranks[0].wid]
-        gen = job.generation + 1
-        asg = Assignment(job.id, gen, shape, master, self.pick_port(master), placed.ranks,
-                         placed.spares, placed.tp_split)
-        job.generation = gen
         job.started_at = job.started_at or now
+        layout = Layout(shape, placed.ranks, job.microbatches or p["microbatches"], {}, placed.spares)
+        rec = job.open_recovery  # a recovery that waited for capacity ends here
+        if rec:
+            rec.update(to_generation=job.generation + 1, decided_at=now)
+        asg = self.start_generation(job, layout, None, "Starting", lease, now, tp_split=placed.tp_split)
         where = f"{len(set(r.wid for r in asg.ranks))} workers" + (
             f" + {len(asg.spares)} spares" if asg.spares else "")
-        job.set("Running", True, "Starting", f"generation {gen} placed on {where}; rendezvous "
+        log.info("job %s: generation %d on %s", job.id, asg.generation, where)
+        return placed
+
+    def start_generation(self, job: Job, layout: Layout, old: Assignment | None, reason: str,
+                         lease: str, now: float, *, tp_split: bool = False,
+                         event: tuple[str, str, str] | None = None) -> Assignment:
+        """Write generation+1 in one fenced transaction: the assignment, every worker's pointer,
+        and the release of workers of `old` that the new generation no longer uses. Agents of a
+        superseded generation stop their trainers; a fresh rendezvous port fences them out."""
+        wids = list(dict.fromkeys([r.wid for r in layout.ranks] + layout.spares))
+        infos = self.store.workers(wids)
+        master = infos[layout.ranks[0].wid].get("address", "127.0.0.1")
+        gen = job.generation + 1
+        asg = Assignment(job.id, gen, layout.shape, master, self.pick_port(master), layout.ranks,
+                         layout.spares, tp_split,
+                         None if layout.shape.dp == job.target_dp else layout.microbatches)
+        job.generation = gen
+        job.current = {} if layout.shape.dp == job.target_dp else {
+            "dp": layout.shape.dp, "microbatches": layout.microbatches}
+        where = f"{len(set(r.wid for r in asg.ranks))} workers" + (
+            f" + {len(asg.spares)} spares" if asg.spares else "")
+        job.set("Running", True, reason, f"generation {gen} placed on {where}; rendezvous "
                 f"{asg.master_addr}:{asg.master_port}", now)
         tx = Tx().hset(self.k.job(job.id), job.fields())
         tx.delete(self.k.job_assignment(job.id)).hset(self.k.job_assignment(job.id), asg.to_fields())
@@ -94,12 +120,15 @@ class Scheduler:
             tx.delete(self.k.worker_assignment(wid))
             tx.hset(self.k.worker_assignment(wid), {"job": job.id, "generation": gen, "role": role})
             tx.publish(self.k.worker_assignment(wid), job.id)
-        msg = f"generation {gen} on {where}" + (
-            " (a TP group spans hosts: no host had room for it)" if asg.tp_split else "")
-        tx.event(self.k.job_events(job.id), self._event("Normal", "Placed", msg, now, gen))
+        for wid in (old.workers if old else []):
+            if wid not in asg.workers:
+                tx.delete_if(self.k.worker_assignment(wid), "job", job.id)
+                tx.publish(self.k.worker_assignment(wid), job.id)
+        kind, why, msg = event or ("Normal", "Placed", f"generation {gen} on {where}" + (
+            " (a TP group spans hosts: no host had room for it)" if tp_split else ""))
+        tx.event(self.k.job_events(job.id), self._event(kind, why, msg, now, gen))
         self.store.commit(tx, lease)
-        log.info("job %s: %s", job.id, msg)
-        return placed
+        return asg
 
     def pick_port(self, master: str) -> int:
         """A fresh rendezvous port, not one an open job on the same host uses."""
@@ -135,34 +164,23 @@ class Scheduler:
         asg = Assignment.from_fields(self.store.job_assignment(job.id))
         if asg is None or asg.generation != job.generation:
             return  # being rewritten; next pass
-        alive = self.store.alive_among(asg.workers, self.cfg.worker_alive_s)
+        seen = self.store.last_seen(asg.workers)
+        dead_after = job.spec["fault_tolerance"]["dead_after_s"]
+        alive = {w for w, t in seen.items() if now - t <= dead_after}
         ranks = rank_view(asg, self.store.progress(asg.workers), alive)
-        states = [r["state"] for r in ranks]
-        if all(s == "succeeded" for s in states):
+        if all(r["state"] == "succeeded" for r in ranks):
             self.finish(job, asg, ranks, "Succeeded", "AllRanksSucceeded",
                         f"{len(ranks)} ranks finished {job.total_steps} steps", lease, now)
             return
-        failed = [r for r in ranks if r["state"] == "failed"]
-        if failed:
-            self.on_rank_failed(job, asg, ranks, failed, lease, now)
+        if self.faults.check(job, asg, ranks, seen, lease, now):
             return
         before = job.fields()
         job.absorb(summarize(ranks))
-        if job.step > 0 and all(s == "running" for s in states):
+        if job.step > 0 and not job.open_recovery and all(r["state"] == "running" for r in ranks):
             job.set("Running", True, "Training", f"generation {job.generation}: all "
                     f"{len(ranks)} ranks training", now)
         if job.fields() != before:
             self.store.commit(Tx().hset(self.k.job(job.id), job.fields()), lease)
-
-    def on_rank_failed(self, job: Job, asg: Assignment, ranks: list[dict], failed: list[dict],
-                       lease: str, now: float) -> None:
-        """Hook for recovery (a later issue); for now a failed trainer fails the job."""
-        r = failed[0]
-        c = r["coord"]
-        why = r["error"] or f"exited with code {r['exit_code']}"
-        msg = (f"rank {r['rank']} (dp={c['dp']} pp={c['pp']} tp={c['tp']}) on worker {r['worker']} "
-               f"failed: {why}; its log: {r['log']}")
-        self.finish(job, asg, ranks, "Failed", "TrainerFailed", msg, lease, now)
 
     # -- endings -----------------------------------------------------------------------
     def cancel(self, job: Job, lease: str, now: float) -> None:

@@ -39,7 +39,9 @@ def job_status(store: Store, job: Job, alive_within_s: float) -> dict:
         "last_checkpoint": ({"step": int(ckpt["step"]), "path": ckpt.get("path"),
                              "time": float(ckpt["time"]), "generation": int(ckpt["generation"])}
                             if ckpt.get("step") else None),
-        "mesh": {"shape": out["mesh_shape"], "generation": asg.generation if asg else None,
+        "recoveries": job.recoveries,
+        "mesh": {"shape": ({"dp": asg.shape.dp, "pp": asg.shape.pp, "tp": asg.shape.tp} if asg
+                           else out["mesh_shape"]), "generation": asg.generation if asg else None,
                  "rendezvous": f"{asg.master_addr}:{asg.master_port}" if asg else None,
                  "ranks": ranks, "spares": asg.spares if asg else []},
         "spec": job.spec,

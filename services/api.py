@@ -69,6 +69,27 @@ class Checkpoint(Doc):
     generation: int
 
 
+class Recovery(Doc):
+    """One recovery: why, what was done, and how long each phase took (controller/faults.py)."""
+
+    n: int
+    cause: str  # TrainerKilled | WorkerDead | RankHung | Straggler | TrainerFailed | CapacityReturned
+    action: str | None = None  # replace | shrink | restart | wait | grow
+    faults: list[dict[str, Any]] = []
+    replaced: list[dict[str, str]] = []  # {old, new} workers
+    from_generation: int
+    to_generation: int | None = None
+    to_shape: list[int] | None = None
+    fault_at: float
+    detected_at: float
+    decided_at: float | None = None
+    completed_at: float | None = None
+    last_step: int = 0
+    resumed_step: int | None = None
+    steps_lost: int | None = None
+    durations: dict[str, float] | None = None
+
+
 class JobSummary(Doc):
     id: str
     name: str
@@ -91,6 +112,7 @@ class JobStatus(JobSummary):
     started_at: float | None = None
     last_checkpoint: Checkpoint | None = None
     mesh: Mesh
+    recoveries: list[Recovery] = []
     spec: dict[str, Any]
 
     def condition(self, type_: str) -> Condition | None:

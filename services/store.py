@@ -224,6 +224,12 @@ class Store:
         return dict(self.r.zrangebyscore(self.keys.workers_seen(), now - within_s, "+inf",
                                          withscores=True))
 
+    def last_seen(self, wids: list[str]) -> dict[str, float]:
+        """Last heartbeat (server time) of each of `wids` that has one."""
+        if not wids:
+            return {}
+        return {w: t for w, t in zip(wids, self.r.zmscore(self.keys.workers_seen(), wids)) if t is not None}
+
     def alive_among(self, wids: list[str], within_s: float) -> set[str]:
         """Which of `wids` heartbeat within `within_s` of server time: one round trip, and
         O(len(wids)) however big the pool is."""

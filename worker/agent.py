@@ -108,8 +108,9 @@ class Agent:
                     self._close_pubsub()
                     self._stop.wait(backoff.next())
                 self._supervise()
-                if not (self.run and self.run.active):
-                    self.launcher.refill()
+                # Refilled while a job runs too: after a failure the next generation's
+                # trainers come from here (torch already imported), not from a cold start.
+                self.launcher.refill()
         finally:
             self._shutdown()
 
@@ -166,6 +167,8 @@ class Agent:
             return
         d = self.cfg.run_dir / "jobs" / job / f"g{generation}"
         d.mkdir(parents=True, exist_ok=True)
+        spec = asg.effective_spec(spec)  # the mesh may have shrunk after a failure
+        window = int(spec["fault_tolerance"].get("straggler", {}).get("window_steps", 20))
         spec_path = d / "spec.json"
         spec_path.write_text(json.dumps(spec))
         # Always under the agent's root, whatever the spec says (DESIGN.md section 10), and per
@@ -182,7 +185,7 @@ class Agent:
                     "--checkpoint-root", str(ckpt_root), "--generation", str(generation)]
             metrics, log_path = d / f"metrics-{e.rank}.jsonl", d / f"rank{e.rank}.log"
             proc = self.launcher.launch(argv, env, log_path)
-            run.ranks[e.rank] = RankProcess(e.rank, proc, metrics, log_path)
+            run.ranks[e.rank] = RankProcess(e.rank, proc, metrics, log_path, window, self._now())
         self.run, self._dirty = run, True
         pids = {r: p.proc.pid for r, p in run.ranks.items()}
         log.info("job %s generation %d: started ranks %s (pids %s), rendezvous %s:%d",
@@ -233,14 +236,15 @@ class Agent:
             code = p.proc.poll()  # read before tailing, so no line written before exit is lost
             for rec in p.read_records():
                 self._dirty = True
+                p.absorb(rec, self._now(), self.heartbeat.clock_offset)
                 if "step" in rec and "event" not in rec:
-                    p.last, p.state = rec, "running"
                     if self.metrics:
                         self.metrics.observe_step(rec)
                 elif rec.get("event") == "checkpoint" and p.rank == 0:  # every rank reports it
                     self._outbox.append(("checkpoint", run.job, run.generation, rec))
             if code is not None:
                 p.exit_code, p.state = code, "succeeded" if code == 0 else "failed"
+                p.exited_at = self._now()
                 self._dirty = True
                 self._event("TrainerExited", f"rank {p.rank} on worker {self.cfg.wid} exited "
                                              f"with code {code}", warning=code != 0)
@@ -273,6 +277,9 @@ class Agent:
         if self.run is not None:
             self._outbox.append(("event", self.run.job, self.run.generation, {
                 "type": "Warning" if warning else "Normal", "reason": reason, "message": message}))
+
+    def _now(self) -> float:
+        return time.time() + self.heartbeat.clock_offset
 
     def _set_state(self, state: str) -> None:
         if state != self.state:

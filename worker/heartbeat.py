@@ -23,6 +23,7 @@ class Heartbeat:
                  serving: Callable[[], tuple[str, int]]):
         self.store, self.wid, self.interval_s, self.serving = store, wid, interval_s, serving
         self.beats = self.failures = 0
+        self.clock_offset = 0.0  # Redis server time - local time: reports use server time
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
@@ -39,7 +40,7 @@ class Heartbeat:
             t0 = time.monotonic()
             try:
                 job, gen = self.serving()
-                self.store.heartbeat(self.wid, job, gen)
+                self.clock_offset = self.store.heartbeat(self.wid, job, gen) - time.time()
                 self.beats += 1
                 if down:
                     log.info("heartbeats reach Redis again")

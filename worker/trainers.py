@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,17 +82,44 @@ def _send(proc: subprocess.Popen, order: str) -> bool:
 
 @dataclass
 class RankProcess:
-    """One rank's trainer and what it has reported so far (tailed from its metrics file)."""
+    """One rank's trainer and what it has reported so far (tailed from its metrics file).
+
+    Times are Redis server time (local time + the heartbeat's clock offset), so the
+    controller can compare them with its own clock.
+    """
 
     rank: int
     proc: subprocess.Popen
     metrics: Path
     log: Path
+    window: int = 20  # steps in the straggler window (the spec's straggler.window_steps)
+    started_at: float = 0.0
     state: str = "starting"
     exit_code: int | None = None
+    exited_at: float | None = None
     last: dict = field(default_factory=dict)  # latest step record
+    ready: dict = field(default_factory=dict)  # the trainer's rendezvous/restore milestones
+    first_step_at: float | None = None
+    progress_at: float = 0.0
+    computes: deque = field(default_factory=deque)
     _offset: int = 0
     _partial: str = ""
+
+    def __post_init__(self) -> None:
+        self.progress_at = self.started_at
+
+    def absorb(self, rec: dict, now: float, offset: float) -> None:
+        """Take one record of the trainer's metrics file; `now` is server time."""
+        self.progress_at = now
+        if rec.get("event") == "ready":
+            self.ready = {k: rec[k] + offset for k in ("started_at", "rendezvous_at", "ready_at")}
+            self.ready["start_step"] = rec.get("start_step", 0)
+        elif "step" in rec and "event" not in rec:
+            self.last, self.state = rec, "running"
+            self.first_step_at = self.first_step_at or rec.get("time", now - offset) + offset
+            self.computes.append(rec.get("compute_s") or 0.0)
+            while len(self.computes) > self.window:
+                self.computes.popleft()
 
     def read_records(self) -> list[dict]:
         """New complete JSON lines since the last call."""
@@ -117,4 +145,8 @@ class RankProcess:
         r = self.last
         return {"state": self.state, "pid": self.proc.pid, "exit_code": self.exit_code,
                 "log": str(self.log), "step": r.get("step", -1) + 1 if r else 0,
-                **{k: r.get(k) for k in ("loss", "tokens_per_s", "step_s", "compute_s", "wait_s")}}
+                **{k: r.get(k) for k in ("loss", "tokens_per_s", "step_s", "compute_s", "wait_s")},
+                "started_at": self.started_at, "exited_at": self.exited_at, **self.ready,
+                "first_step_at": self.first_step_at, "progress_at": self.progress_at,
+                "compute_avg": sum(self.computes) / len(self.computes) if self.computes else None,
+                "window_n": len(self.computes)}

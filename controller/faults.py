@@ -1,0 +1,240 @@
+"""Fault handling for running jobs: detect, decide, enact, and record each recovery.
+
+The scheduler calls `FaultHandler.check` on every pass for every running job. A recovery
+is one record on the job (`recoveries`): cause, faults, action, the workers moved, steps
+lost, and the duration of each phase, filled in once every rank of the new generation
+has trained its first step:
+    detect      fault (exit, last heartbeat, last progress) -> noticed here
+    decide      noticed -> the new generation written
+    rendezvous  written -> the slowest rank's process group formed
+    restore     -> the slowest rank restored the checkpoint
+    first_step  -> the slowest rank finished its first step
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from controller import health
+from controller.jobs import Job
+from controller.placement import FreeWorker
+from controller.recovery import Layout, grow, replace_workers, shrink
+from services.assignment import Assignment
+from services.store import Tx, loads
+
+if TYPE_CHECKING:
+    from controller.scheduler import Scheduler
+
+log = logging.getLogger("meshkeeper.recovery")
+KEEP_RECORDS = 50
+
+
+class FaultHandler:
+    def __init__(self, sched: "Scheduler"):
+        self.s = sched
+
+    # -- the pass -----------------------------------------------------------------------
+    def check(self, job: Job, asg: Assignment, ranks: list[dict], seen: dict[str, float],
+              lease: str, now: float) -> bool:
+        """Act on a fault or on returning capacity; True when this pass wrote the job."""
+        ft = job.spec["fault_tolerance"]
+        why = health.deterministic_failure(ranks)
+        if why:
+            self.s.finish(job, asg, ranks, "Failed", "TrainerFailed", why, lease, now)
+            return True
+        faults = (health.dead_or_killed(ranks, seen, ft["dead_after_s"], now)
+                  + health.hung(ranks, ft["hang_after_s"], now))
+        if not faults:
+            faults = health.collateral_only(ranks, now)
+        if faults:
+            self.recover(job, asg, ranks, faults, lease, now)
+            return True
+        st = ft["straggler"]
+        slow = health.straggler(ranks, st["slowdown"], st["window_steps"], now)
+        if slow and self.straggler(job, asg, ranks, slow, st["action"], lease, now):
+            return True
+        self.complete(job, ranks, lease, now)
+        return self.maybe_grow(job, asg, ranks, lease, now)
+
+    # -- recovery -----------------------------------------------------------------------
+    def recover(self, job: Job, asg: Assignment, ranks: list[dict], faults: list[health.Fault],
+                lease: str, now: float) -> None:
+        ft = job.spec["fault_tolerance"]
+        first = min(faults, key=lambda f: f.fault_at)
+        record = self._record(job, ranks, first.cause, faults, now)
+        job.restarts += 1
+        if job.restarts > ft["max_restarts"]:
+            msg = (f"{first.detail} (rank {first.rank} on {first.worker}); {job.restarts - 1} "
+                   f"restarts already, max_restarts is {ft['max_restarts']}")
+            self.s.finish(job, asg, ranks, "Failed", "ReachedMaxRestarts", msg, lease, now)
+            return
+        bad = {f.worker for f in faults if f.cause != "TrainerFailed"}
+        layout, action = self.plan(job, asg, bad, now)
+        if layout is None:
+            self.wait_for_capacity(job, asg, ranks, record, lease, now)
+            return
+        # A worker whose trainer was killed but whose agent lives stays as a spare.
+        alive_again = [f.worker for f in faults if f.cause == "TrainerKilled" and f.worker in layout.moved]
+        layout = Layout(layout.shape, layout.ranks, layout.microbatches, layout.moved,
+                        layout.spares + [w for w in alive_again if w not in layout.spares])
+        record.update(action=action, replaced=[{"old": o, "new": n} for o, n in layout.moved.items()],
+                      to_shape=[layout.shape.dp, layout.shape.pp, layout.shape.tp])
+        msg = self._message(first, action, layout)
+        job.set("Recovering", True, _reason(action), msg, now)
+        job.recoveries = (job.recoveries + [record])[-KEEP_RECORDS:]
+        new = self.s.start_generation(job, layout, asg, "Recovering", lease, now,
+                                      event=("Warning", "RecoveryStarted", msg))
+        job.recoveries[-1].update(to_generation=new.generation, decided_at=self.s.store.now())
+        self.s.store.commit(Tx().hset(self.s.k.job(job.id), job.fields()), lease)
+        log.warning("job %s: %s", job.id, msg)
+
+    def plan(self, job: Job, asg: Assignment, bad: set[str], now: float) -> tuple[Layout | None, str]:
+        p, t = job.spec["parallel"], job.spec["train"]
+        mb = asg.microbatches or p["microbatches"]
+        host_of = self.hosts(asg.workers)
+        alive_spares = self.s.store.alive_among([w for w in asg.spares if w not in bad],
+                                                job.spec["fault_tolerance"]["dead_after_s"])
+        infos = self.s.store.workers(sorted(alive_spares))
+        candidates = [FreeWorker(w, host_of.get(w, "?"), infos[w].get("address", "127.0.0.1"),
+                                 int(infos[w].get("devices", 1))) for w in asg.spares if w in alive_spares]
+        candidates += [w for w in self.s.free_workers(now) if w.wid not in bad]
+        keep = [w for w in asg.spares if w in alive_spares]
+        layout = replace_workers(asg.shape, asg.ranks, mb, bad, candidates, keep, host_of)
+        if layout is not None:
+            return layout, "restart" if not bad else "replace"
+        layout = shrink(asg.shape, asg.ranks, bad, job.spec["fault_tolerance"]["min_dp"],
+                        t["global_batch"], mb, p["pp_schedule"] == "interleaved_1f1b", host_of)
+        if layout is not None:
+            layout = Layout(layout.shape, layout.ranks, layout.microbatches, {}, keep + layout.spares)
+            return layout, "shrink"
+        return None, "wait"
+
+    def wait_for_capacity(self, job: Job, asg: Assignment, ranks: list[dict], record: dict,
+                          lease: str, now: float) -> None:
+        """No spare and dp at min_dp: stop this generation and wait for workers; the
+        scheduler places the job again (at its current dp) as soon as they fit."""
+        p = job.spec["parallel"]
+        msg = (f"{record['faults'][0]['detail']}; no spare and dp={job.dp} cannot shrink below "
+               f"min_dp={job.spec['fault_tolerance']['min_dp']}: waiting for "
+               f"{job.dp * p['pp'] * p['tp']} workers")
+        record.update(action="wait", to_shape=[job.dp, p["pp"], p["tp"]])
+        job.recoveries = (job.recoveries + [record])[-KEEP_RECORDS:]
+        job.set("Recovering", True, "WaitingForCapacity", msg, now)
+        job.set("Running", False, "WaitingForCapacity", msg, now)
+        tx = Tx().hset(self.s.k.job(job.id), job.fields())
+        for wid in asg.workers:
+            tx.delete_if(self.s.k.worker_assignment(wid), "job", job.id)
+            tx.publish(self.s.k.worker_assignment(wid), job.id)
+        tx.event(self.s.k.job_events(job.id), self.s._event("Warning", "WaitingForCapacity", msg, now,
+                                                             job.generation))
+        self.s.store.commit(tx, lease)
+        log.warning("job %s: %s", job.id, msg)
+
+    def straggler(self, job: Job, asg: Assignment, ranks: list[dict], slow: health.Fault, action: str,
+                  lease: str, now: float) -> bool:
+        flag = {"rank": slow.rank, "worker": slow.worker, "generation": job.generation}
+        if action == "replace" and self.has_candidate(job, asg, slow.worker, now):
+            self.recover(job, asg, ranks, [slow], lease, now)
+            return True
+        if job.flagged != flag:  # report once per rank and generation
+            job.flagged = flag
+            msg = f"rank {slow.rank} on {slow.worker} is a straggler: {slow.detail}" + (
+                "" if action == "report" else "; no spare to replace it with")
+            tx = Tx().hset(self.s.k.job(job.id), job.fields())
+            tx.event(self.s.k.job_events(job.id), self.s._event("Warning", "StragglerDetected", msg, now,
+                                                                 job.generation))
+            self.s.store.commit(tx, lease)
+            return True
+        return False
+
+    def has_candidate(self, job: Job, asg: Assignment, worker: str, now: float) -> bool:
+        spares = self.s.store.alive_among(asg.spares, job.spec["fault_tolerance"]["dead_after_s"])
+        return bool(spares - {worker}) or bool(self.s.free_workers(now))
+
+    def maybe_grow(self, job: Job, asg: Assignment, ranks: list[dict], lease: str, now: float) -> bool:
+        """Back to the target dp once a replica's worth of workers is idle, at the next
+        checkpoint boundary (so no step is lost to the disruption)."""
+        if job.dp >= job.target_dp or job.open_recovery:
+            return False
+        p, t = job.spec["parallel"], job.spec["train"]
+        free = self.s.free_workers(now)
+        layout = grow(asg.shape, asg.ranks, job.target_dp, t["global_batch"], p["microbatches"],
+                      p["pp_schedule"] == "interleaved_1f1b", free, self.hosts(asg.workers))
+        ckpt = int(self.s.store.checkpoint(job.id).get("step") or 0)
+        if layout is None:
+            job.current.pop("grow_after", None)
+            return False
+        if "grow_after" not in job.current:  # capacity seen: grow after the next commit
+            job.current["grow_after"] = ckpt
+            self.s.store.commit(Tx().hset(self.s.k.job(job.id), job.fields()), lease)
+            return True
+        if ckpt <= job.current["grow_after"]:
+            return False
+        record = self._record(job, ranks, "CapacityReturned", [], now)
+        layout = Layout(layout.shape, layout.ranks, layout.microbatches, {}, asg.spares)
+        record.update(action="grow", to_shape=[layout.shape.dp, layout.shape.pp, layout.shape.tp])
+        msg = (f"{len(free)} idle workers: growing dp {asg.shape.dp} -> {layout.shape.dp} after "
+               f"checkpoint {ckpt} (planned: not counted as a restart)")
+        job.set("Recovering", True, "GrowingDP", msg, now)
+        job.recoveries = (job.recoveries + [record])[-KEEP_RECORDS:]
+        new = self.s.start_generation(job, layout, asg, "Recovering", lease, now,
+                                      event=("Normal", "GrowingDP", msg))
+        job.recoveries[-1].update(to_generation=new.generation, decided_at=self.s.store.now())
+        self.s.store.commit(Tx().hset(self.s.k.job(job.id), job.fields()), lease)
+        log.info("job %s: %s", job.id, msg)
+        return True
+
+    # -- the record ---------------------------------------------------------------------
+    def _record(self, job: Job, ranks: list[dict], cause: str, faults: list[health.Fault], now: float) -> dict:
+        return {"n": len(job.recoveries) + 1, "cause": cause, "faults": [f.to_json() for f in faults],
+                "fault_at": min((f.fault_at for f in faults), default=now), "detected_at": now,
+                "from_generation": job.generation, "last_step": max((r["step"] or 0 for r in ranks), default=0),
+                "completed_at": None}
+
+    def complete(self, job: Job, ranks: list[dict], lease: str, now: float) -> None:
+        """Close the open record once every rank of its generation trained a step."""
+        rec = job.open_recovery
+        if rec is None or rec.get("to_generation") != job.generation:
+            return
+        if not ranks or any(not isinstance(r.get("first_step_at"), (int, float)) for r in ranks):
+            return
+        rdzv = max(r.get("rendezvous_at") or 0 for r in ranks)
+        ready = max(r.get("ready_at") or 0 for r in ranks)
+        first = max(r["first_step_at"] for r in ranks)
+        start = min(r.get("start_step") or 0 for r in ranks)
+        rec.update(
+            completed_at=now, resumed_step=start, steps_lost=max(0, rec["last_step"] - start),
+            durations={"detect_s": rec["detected_at"] - rec["fault_at"],
+                       "decide_s": rec["decided_at"] - rec["detected_at"],
+                       "rendezvous_s": rdzv - rec["decided_at"], "restore_s": ready - rdzv,
+                       "first_step_s": first - ready, "total_s": first - rec["fault_at"]})
+        d = rec["durations"]
+        msg = (f"recovery {rec['n']} ({rec['cause']}, {rec['action']}) done in {d['total_s']:.1f}s: "
+               + ", ".join(f"{k[:-2]} {v:.2f}s" for k, v in d.items() if k != "total_s")
+               + f"; resumed at step {start}, {rec['steps_lost']} steps redone")
+        job.set("Recovering", False, "Recovered", msg, now)
+        job.set("Running", True, "Training", f"generation {job.generation}: all {len(ranks)} ranks training", now)
+        tx = Tx().hset(self.s.k.job(job.id), job.fields())
+        tx.event(self.s.k.job_events(job.id), self.s._event("Normal", "Recovered", msg, now, job.generation))
+        self.s.store.commit(tx, lease)
+        log.info("job %s: %s", job.id, msg)
+
+    def hosts(self, wids: list[str]) -> dict[str, str]:
+        infos = self.s.store.workers(wids)
+        return {w: loads(infos[w].get("labels"), {}).get("host") or infos[w].get("host", "?") for w in wids}
+
+    @staticmethod
+    def _message(first: health.Fault, action: str, layout: Layout) -> str:
+        c = first.coord
+        what = f"rank {first.rank} (dp={c['dp']} pp={c['pp']} tp={c['tp']}) on {first.worker}: {first.detail}"
+        if action == "replace":
+            moves = ", ".join(f"{o} -> {n}" for o, n in layout.moved.items())
+            return f"{what}; spare promoted into the same coordinates ({moves})"
+        if action == "shrink":
+            return f"{what}; no spare: dp shrinks to {layout.shape.dp}, global batch kept"
+        return f"{what}; restarting the same mesh"
+
+
+def _reason(action: str) -> str:
+    return {"replace": "ReplacingRank", "shrink": "ShrinkingDP", "restart": "Restarting"}[action]

@@ -1,0 +1,99 @@
+"""Which ranks of a running job are faulty, and since when (DESIGN.md section 7).
+
+Pure functions of the rank view (controller/ranks.py) and Redis server time `now`:
+- a trainer killed by a signal, or a rank on a worker whose heartbeat is older than
+  `dead_after_s`, is a root cause;
+- a rank whose progress is frozen past `hang_after_s` while its worker heartbeats is hung
+  (before its first report a longer start-up bound applies: import, rendezvous, restore);
+- a rank whose own compute time (collective waits excluded) is above `slowdown` x the
+  median over `window_steps` is a straggler.
+When one rank dies the others of its world fail soon after with collective errors; those
+exits are collateral and are not blamed. Exits with a deterministic cause (bad spec or data,
+non-finite loss) fail the job instead: a restart would only repeat them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+STARTUP_GRACE_S = 120.0  # before a rank's first report: torch import, rendezvous, restore
+DETERMINISTIC_EXITS = {2: "invalid spec or data", 3: "non-finite loss or gradient"}
+
+
+@dataclass(frozen=True)
+class Fault:
+    cause: str  # TrainerKilled | WorkerDead | RankHung | Straggler | TrainerFailed
+    rank: int
+    worker: str
+    coord: dict
+    fault_at: float
+    detail: str
+
+    def to_json(self) -> dict:
+        return {"cause": self.cause, "rank": self.rank, "worker": self.worker, "coord": self.coord,
+                "fault_at": self.fault_at, "detail": self.detail}
+
+
+def _num(v, default: float) -> float:
+    return float(v) if isinstance(v, (int, float)) else default
+
+
+def dead_or_killed(ranks: list[dict], seen: dict[str, float], dead_after_s: float, now: float) -> list[Fault]:
+    out = []
+    for r in ranks:
+        last_beat = seen.get(r["worker"], 0.0)
+        if r["state"] not in ("succeeded",) and now - last_beat > dead_after_s:
+            out.append(Fault("WorkerDead", r["rank"], r["worker"], r["coord"], last_beat,
+                             f"worker {r['worker']} silent for {now - last_beat:.1f}s "
+                             f"(dead_after_s {dead_after_s})"))
+        elif r["state"] == "failed" and _num(r.get("exit_code"), 0) < 0:
+            out.append(Fault("TrainerKilled", r["rank"], r["worker"], r["coord"],
+                             _num(r.get("exited_at"), now), f"trainer killed by signal {-int(r['exit_code'])}"))
+    return out
+
+
+def deterministic_failure(ranks: list[dict]) -> str | None:
+    """A message when a rank exited for a reason a restart would repeat."""
+    for r in ranks:
+        code = r.get("exit_code")
+        if r["state"] == "failed" and code in DETERMINISTIC_EXITS:
+            return (f"rank {r['rank']} exited with code {code} ({DETERMINISTIC_EXITS[code]}): "
+                    f"{r.get('error') or 'see ' + str(r.get('log'))}")
+    return None
+
+
+def collateral_only(ranks: list[dict], now: float) -> list[Fault]:
+    """Ranks that failed with an error and no root cause was found: restart them in place."""
+    return [Fault("TrainerFailed", r["rank"], r["worker"], r["coord"], _num(r.get("exited_at"), now),
+                  f"trainer exited with code {r.get('exit_code')}")
+            for r in ranks if r["state"] == "failed"]
+
+
+def hung(ranks: list[dict], hang_after_s: float, now: float) -> list[Fault]:
+    out = []
+    for r in ranks:
+        if r["state"] not in ("starting", "running", "assigned"):
+            continue
+        since = r.get("progress_at")
+        bound = hang_after_s if r.get("first_step_at") else max(hang_after_s, STARTUP_GRACE_S)
+        if isinstance(since, (int, float)) and now - since > bound:
+            out.append(Fault("RankHung", r["rank"], r["worker"], r["coord"], since,
+                             f"no progress for {now - since:.1f}s at step {r.get('step')} "
+                             f"(bound {bound:.0f}s) while its worker heartbeats"))
+    return out
+
+
+def straggler(ranks: list[dict], slowdown: float, window: int, now: float) -> Fault | None:
+    """The slowest rank if its windowed compute time exceeds slowdown x the median."""
+    full = [r for r in ranks if r["state"] == "running" and (r.get("window_n") or 0) >= window
+            and isinstance(r.get("compute_avg"), (int, float))]
+    if len(full) < 2 or len(full) < len(ranks):
+        return None
+    median = statistics.median(r["compute_avg"] for r in full)
+    worst = max(full, key=lambda r: r["compute_avg"])
+    if median <= 0 or worst["compute_avg"] <= slowdown * median:
+        return None
+    return Fault("Straggler", worst["rank"], worst["worker"], worst["coord"], now,
+                 f"compute {worst['compute_avg'] * 1e3:.0f} ms/step over {window} steps is "
+                 f"{worst['compute_avg'] / median:.2f}x the median {median * 1e3:.0f} ms (bound {slowdown}x)")

@@ -1,0 +1,104 @@
+"""How the next generation of a job looks after a fault, or when capacity returns.
+
+Pure functions of the current assignment; the scheduler writes what they return.
+- replace: every faulty worker's ranks move, at the same (dp, pp, tp) coordinates, to a
+  spare (the job's own first, then any idle worker), preferring one on the same host;
+- shrink: without spares, drop each DP replica that lost a rank while dp > min_dp; the
+  global batch is kept (each rank takes a larger share, split into microbatches);
+- grow: when enough idle workers for a whole replica exist, add it back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace as dc_replace
+
+from controller.placement import FreeWorker, place
+from services.assignment import RankEntry
+from services.mesh import Coord, MeshShape
+
+
+@dataclass(frozen=True)
+class Layout:
+    shape: MeshShape
+    ranks: list[RankEntry]
+    microbatches: int
+    moved: dict[str, str]  # old worker -> new worker
+    spares: list[str]
+
+
+def fit_microbatches(global_batch: int, dp: int, pp: int, want: int, interleaved: bool) -> int | None:
+    """The smallest microbatch count >= `want` that splits this dp's share evenly."""
+    if global_batch % dp:
+        return None
+    share = global_batch // dp
+    for m in range(want, share + 1):
+        if share % m == 0 and (pp == 1 or m >= pp) and (not interleaved or m % pp == 0):
+            return m
+    return None
+
+
+def with_local_world(ranks: list[RankEntry], host_of: dict[str, str]) -> list[RankEntry]:
+    per_host: dict[str, int] = {}
+    for r in ranks:
+        per_host[host_of.get(r.wid, r.wid)] = per_host.get(host_of.get(r.wid, r.wid), 0) + 1
+    return [dc_replace(r, local_world_size=per_host[host_of.get(r.wid, r.wid)]) for r in ranks]
+
+
+def replace_workers(shape: MeshShape, ranks: list[RankEntry], microbatches: int, bad: set[str],
+                    candidates: list[FreeWorker], keep_spares: list[str],
+                    host_of: dict[str, str]) -> Layout | None:
+    need = {w: [r for r in ranks if r.wid == w] for w in bad}
+    pool, moved = list(candidates), {}
+    for old, its_ranks in need.items():
+        fits = [c for c in pool if c.slots >= len(its_ranks)]
+        if not fits:
+            return None
+        same_host = [c for c in fits if c.host == host_of.get(old)]
+        new = (same_host or fits)[0]
+        pool.remove(new)
+        moved[old] = new.wid
+    new_ranks = [dc_replace(r, wid=moved.get(r.wid, r.wid)) for r in ranks]
+    host_of = {**host_of, **{c.wid: c.host for c in candidates}}
+    spares = [w for w in keep_spares if w not in moved.values()]
+    return Layout(shape, with_local_world(new_ranks, host_of), microbatches, moved, spares)
+
+
+def shrink(shape: MeshShape, ranks: list[RankEntry], bad: set[str], min_dp: int, global_batch: int,
+           microbatches: int, interleaved: bool, host_of: dict[str, str]) -> Layout | None:
+    lost = sorted({r.coord.dp for r in ranks if r.wid in bad})
+    new_dp = shape.dp - len(lost)
+    if new_dp < max(1, min_dp):
+        return None
+    m = fit_microbatches(global_batch, new_dp, shape.pp, microbatches, interleaved)
+    if m is None:
+        return None
+    kept = [d for d in range(shape.dp) if d not in lost]
+    new_shape = MeshShape(new_dp, shape.pp, shape.tp)
+    new_ranks = []
+    for r in ranks:
+        if r.coord.dp in kept:
+            c = Coord(kept.index(r.coord.dp), r.coord.pp, r.coord.tp)
+            new_ranks.append(dc_replace(r, rank=new_shape.rank(c), coord=c))
+    new_ranks.sort(key=lambda r: r.rank)
+    # healthy members of a dropped replica stay with the job as spares
+    freed = list(dict.fromkeys(r.wid for r in ranks if r.coord.dp in lost and r.wid not in bad))
+    return Layout(new_shape, with_local_world(new_ranks, host_of), m, {}, freed)
+
+
+def grow(shape: MeshShape, ranks: list[RankEntry], target_dp: int, global_batch: int,
+         spec_microbatches: int, interleaved: bool, free: list[FreeWorker],
+         host_of: dict[str, str]) -> Layout | None:
+    """One more DP replica on idle workers, if they hold a whole pipeline."""
+    if shape.dp >= target_dp:
+        return None
+    new_shape = MeshShape(shape.dp + 1, shape.pp, shape.tp)
+    m = fit_microbatches(global_batch, new_shape.dp, shape.pp, spec_microbatches, interleaved)
+    replica = place(MeshShape(1, shape.pp, shape.tp), 0, free)
+    if m is None or replica is None:
+        return None
+    d = shape.dp
+    added = [dc_replace(r, rank=new_shape.rank((d, r.coord.pp, r.coord.tp)), coord=Coord(d, r.coord.pp, r.coord.tp))
+             for r in replica.ranks]
+    kept = [dc_replace(r, rank=new_shape.rank(r.coord)) for r in ranks]
+    host_of = {**host_of, **{w.wid: w.host for w in free}}
+    return Layout(new_shape, with_local_world(kept + added, host_of), m, {}, [])
