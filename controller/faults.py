@@ -44,9 +44,8 @@ class FaultHandler:
             self.s.finish(job, asg, ranks, "Failed", "TrainerFailed", why, lease, now)
             return True
         faults = (health.dead_or_killed(ranks, seen, ft["dead_after_s"], now)
-                  + health.hung(ranks, ft["hang_after_s"], now))
-        if not faults:
-            faults = health.collateral_only(ranks, now)
+                  or health.stalled(health.hung(ranks, ft["hang_after_s"], now), len(ranks))
+                  or health.collateral_only(ranks, now))
         if faults:
             self.recover(job, asg, ranks, faults, lease, now)
             return True
@@ -69,7 +68,7 @@ class FaultHandler:
                    f"restarts already, max_restarts is {ft['max_restarts']}")
             self.s.finish(job, asg, ranks, "Failed", "ReachedMaxRestarts", msg, lease, now)
             return
-        bad = {f.worker for f in faults if f.cause != "TrainerFailed"}
+        bad = {f.worker for f in faults if f.cause not in health.BLAMELESS}
         layout, action = self.plan(job, asg, bad, now)
         if layout is None:
             self.wait_for_capacity(job, asg, ranks, record, lease, now)
@@ -115,9 +114,11 @@ class FaultHandler:
         """No spare and dp at min_dp: stop this generation and wait for workers; the
         scheduler places the job again (at its current dp) as soon as they fit."""
         p = job.spec["parallel"]
-        msg = (f"{record['faults'][0]['detail']}; no spare and dp={job.dp} cannot shrink below "
-               f"min_dp={job.spec['fault_tolerance']['min_dp']}: waiting for "
-               f"{job.dp * p['pp'] * p['tp']} workers")
+        lost = len({f["coord"]["dp"] for f in record["faults"]})
+        msg = (f"{record['faults'][0]['detail']}; no spare, and dropping the {lost} DP replica(s) "
+               f"that lost ranks would leave dp={job.dp - lost} < min_dp="
+               f"{job.spec['fault_tolerance']['min_dp']} (or not divide the global batch): waiting "
+               f"for {job.dp * p['pp'] * p['tp']} workers")
         record.update(action="wait", to_shape=[job.dp, p["pp"], p["tp"]])
         job.recoveries = (job.recoveries + [record])[-KEEP_RECORDS:]
         job.set("Recovering", True, "WaitingForCapacity", msg, now)

@@ -17,8 +17,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-STARTUP_GRACE_S = 120.0  # before a rank's first report: torch import, rendezvous, restore
+STARTUP_GRACE_S = 300.0  # per start-up milestone (import, rendezvous, restore): loaded hosts are slow
 DETERMINISTIC_EXITS = {2: "invalid spec or data", 3: "non-finite loss or gradient"}
+BLAMELESS = ("TrainerFailed", "JobStalled")  # restart the same workers: none is at fault
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,15 @@ def hung(ranks: list[dict], hang_after_s: float, now: float) -> list[Fault]:
                              f"no progress for {now - since:.1f}s at step {r.get('step')} "
                              f"(bound {bound:.0f}s) while its worker heartbeats"))
     return out
+
+
+def stalled(hung_faults: list[Fault], world: int) -> list[Fault]:
+    """Every rank frozen at once is a job-wide stall (slow storage, a stuck collective after
+    a network blip), not one bad rank: restart in place rather than blame every worker."""
+    if hung_faults and len({f.rank for f in hung_faults}) == world:
+        f = min(hung_faults, key=lambda f: f.fault_at)
+        return [Fault("JobStalled", f.rank, f.worker, f.coord, f.fault_at, f"all {world} ranks: {f.detail}")]
+    return hung_faults
 
 
 def straggler(ranks: list[dict], slowdown: float, window: int, now: float) -> Fault | None:

@@ -3,7 +3,7 @@
     meshkeeper up --workers 8                  # local stack: redis-server, controller, agents
     meshkeeper submit examples/tiny-3d.yaml --watch
     meshkeeper status [JOB] | watch JOB | cancel JOB | workers | ready
-    meshkeeper demo                            # up + a small 3D job watched to the end
+    meshkeeper demo                            # up + a 3D job, a rank killed, the recovery
 """
 
 from __future__ import annotations
@@ -58,11 +58,18 @@ def cmd_watch(args: argparse.Namespace) -> int:
         return _watch(c, args.job, args.interval)
 
 
-def _watch(c: Client, job_id: str, interval: float) -> int:
-    """Live progress until the job ends; exit 0 only if it succeeded."""
-    tty, last, last_print = sys.stdout.isatty(), "", 0.0
+def _watch(c: Client, job_id: str, interval: float, on_poll=None) -> int:
+    """Live progress until the job ends; exit 0 only if it succeeded. Recoveries are
+    printed as they complete; `on_poll(job)` runs on every poll (the demo's fault)."""
+    tty, last, last_print, shown = sys.stdout.isatty(), "", 0.0, 0
     while True:
         j = c.job(job_id)
+        if on_poll:
+            on_poll(j)
+        done = [r for r in j.recoveries if r.completed_at]
+        for rec in done[shown:]:
+            print(("\n" if tty else "") + render.recovery(rec), flush=True)
+        shown = len(done)
         line = render.progress_line(j)
         if tty:
             print("\r\033[K" + line, end="", flush=True)
@@ -139,8 +146,32 @@ def cmd_up(args: argparse.Namespace) -> int:
         stack.stop()
 
 
+class RankKiller:
+    """The demo's fault: SIGKILL one rank's trainer once the job passes a step."""
+
+    def __init__(self, rank: int | None, at_step: int):
+        self.rank, self.at_step, self.done = rank, at_step, False
+
+    def __call__(self, j) -> None:
+        if self.done or j.phase != "Running" or j.step < self.at_step:
+            return
+        ranks = j.mesh.ranks
+        victim = ranks[self.rank if self.rank is not None else len(ranks) // 2 + 1]
+        if victim.pid is None:
+            return
+        c = victim.coord
+        print(f"\n>>> demo: SIGKILL rank {victim.rank} (dp={c.dp} pp={c.pp} tp={c.tp}) on worker "
+              f"{victim.worker}, pid {victim.pid}, at step {j.step}", flush=True)
+        try:
+            os.kill(victim.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return  # it just ended: try the next poll
+        self.done = True
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    """The whole path on this machine: up, submit a 3D job, watch it, summary, stop."""
+    """The whole path on this machine: up, submit a 3D job, kill a rank mid-run, watch the
+    recovery, summary, stop."""
     stack = _stack(args)
     _stop_on_signals()
     try:
@@ -150,9 +181,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
         stack.start()
         with Client(stack.url) as c:
             job = c.submit(spec.model_dump(mode="json"))
-            print(f"submitted {args.spec} as {job.id}", flush=True)
-            code = _watch(c, job.id, args.interval)
-            print(render.job_detail(c.job(job.id)))
+            at = args.kill_at_step or max(spec.checkpoint.every_steps + 2, int(spec.train.steps * 0.4))
+            print(f"submitted {args.spec} as {job.id}; a rank will be killed at step {at}", flush=True)
+            code = _watch(c, job.id, args.interval, None if args.no_kill else RankKiller(args.kill_rank, at))
+            final = c.job(job.id)
+            print(render.job_detail(final))
+            for rec in final.recoveries:
+                print(render.recovery(rec))
             return code
     except KeyboardInterrupt:
         return 130
@@ -175,9 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("up", help="run redis-server, the controller and N agents locally")
     stack_opts(p, 4, ".meshkeeper/up")
     p.set_defaults(fn=cmd_up)
-    p = sub.add_parser("demo", help="up + submit a small 3D job + watch it to the end")
-    stack_opts(p, 8, ".meshkeeper/demo")
+    p = sub.add_parser("demo", help="up + a small 3D job, a rank killed mid-run, the recovery")
+    stack_opts(p, 9, ".meshkeeper/demo")
     p.add_argument("--spec", default=str(EXAMPLES / "demo-3d.yaml"))
+    p.add_argument("--kill-at-step", type=int, help="default: 40%% of the steps, after a checkpoint")
+    p.add_argument("--kill-rank", type=int, help="default: the rank after the middle one")
+    p.add_argument("--no-kill", action="store_true", help="no fault: just train")
     p.add_argument("--interval", type=float, default=0.5)
     p.set_defaults(fn=cmd_demo)
     p = sub.add_parser("submit", help="submit a job spec (YAML/JSON)")

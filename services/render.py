@@ -90,3 +90,21 @@ def summary(j: api.JobStatus) -> str:
              f"tokens/s, training time {duration(took)}, mesh {shape(j.mesh_shape)}, "
              f"generation {j.generation}, restarts {j.restarts}"]
     return "\n".join(lines)
+
+
+def recovery(r: api.Recovery) -> str:
+    """One line per recovery: what failed, what replaced it, and each phase's duration."""
+    f = r.faults[0] if r.faults else None
+    what = (f"{r.cause}: rank {f['rank']} (dp={f['coord']['dp']} pp={f['coord']['pp']} "
+            f"tp={f['coord']['tp']}) on {f['worker']}" if f else r.cause)
+    moved = ", ".join(f"{m['old']} -> {m['new']}" for m in r.replaced)
+    action = f"{r.action}" + (f" ({moved})" if moved else "") + (
+        f", mesh now dp{r.to_shape[0]} pp{r.to_shape[1]} tp{r.to_shape[2]}" if r.to_shape else "")
+    line = f"recovery {r.n}: {what} -> {action}"
+    if r.durations:
+        d = r.durations
+        line += (f"\n  resumed at step {r.resumed_step} ({r.steps_lost} steps redone); detect "
+                 f"{d['detect_s']:.2f}s, decide {d['decide_s']:.2f}s, rendezvous {d['rendezvous_s']:.2f}s, "
+                 f"restore {d['restore_s']:.2f}s, first step {d['first_step_s']:.2f}s = "
+                 f"{d['total_s']:.2f}s from fault to training")
+    return line

@@ -126,24 +126,26 @@ def resume(ckpt: Checkpointer | None, spec, say, metrics: "MetricsWriter") -> in
 def run(args: argparse.Namespace) -> int:
     started_at = time.time()
     spec = load_spec(args.spec)
+    metrics = MetricsWriter(args.metrics_out, int(os.environ.get("RANK", 0)))
+    # Milestones as they happen: the controller reads them as progress (a slow start is not
+    # a hang) and turns them into a recovery's phase durations.
+    metrics.write({"event": "started", "started_at": started_at})
     rank, world, device = init_distributed(timeout_s=max(60.0, spec.fault_tolerance.hang_after_s))
     try:
         check_world_size(spec, world)
         dims = ParallelDims(spec.parallel, device.type)
         ctx = RankContext(dims, dims.build_mesh(), rank, device)
         rendezvous_at = time.time()
+        metrics.write({"event": "rendezvous", "rendezvous_at": rendezvous_at})
         trainer = Trainer(spec, ctx)
         say = print if rank == 0 else (lambda *a, **k: None)
         floor = trainer.batches.entropy_floor()
         say(f"[meshkeeper] {spec.name}: mesh dp={spec.parallel.dp} pp={spec.parallel.pp} "
             f"tp={spec.parallel.tp} zero={spec.parallel.zero}, {spec.train.steps} steps"
             + (f", entropy floor {floor:.4f} nats" if floor is not None else ""), flush=True)
-        metrics = MetricsWriter(args.metrics_out, rank)
         ckpt = make_checkpointer(args, spec, trainer, metrics)
         start = resume(ckpt, spec, say, metrics)
-        # Wall-clock milestones: the controller turns them into a recovery's phase durations.
-        metrics.write({"event": "ready", "rank": rank, "started_at": started_at,
-                       "rendezvous_at": rendezvous_at, "ready_at": time.time(), "start_step": start})
+        metrics.write({"event": "ready", "ready_at": time.time(), "start_step": start})
         results: list[StepResult] = []
         every, steps = spec.checkpoint.every_steps, spec.train.steps
         for step in range(start, steps):

@@ -111,9 +111,10 @@ class RankProcess:
     def absorb(self, rec: dict, now: float, offset: float) -> None:
         """Take one record of the trainer's metrics file; `now` is server time."""
         self.progress_at = now
-        if rec.get("event") == "ready":
-            self.ready = {k: rec[k] + offset for k in ("started_at", "rendezvous_at", "ready_at")}
-            self.ready["start_step"] = rec.get("start_step", 0)
+        if rec.get("event") in ("started", "rendezvous", "ready"):  # the trainer's milestones
+            self.ready.update({k: v + offset for k, v in rec.items() if k.endswith("_at")})
+            if "start_step" in rec:
+                self.ready["start_step"] = rec["start_step"]
         elif "step" in rec and "event" not in rec:
             self.last, self.state = rec, "running"
             self.first_step_at = self.first_step_at or rec.get("time", now - offset) + offset
