@@ -60,6 +60,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--metrics-port", type=int, default=int(env("MESHKEEPER_METRICS_PORT", "9400")),
                     help="Prometheus endpoint port (0: none)")
     ap.add_argument("--metrics-host", default=env("MESHKEEPER_METRICS_HOST", "127.0.0.1"))
+    ap.add_argument("--peak-flops", type=float, default=float(env("MESHKEEPER_PEAK_FLOPS", "0")),
+                    help="peak FLOP/s of one rank's device, for the MFU metric (default: a CPU "
+                         "estimate, 1e11 per core; set it on GPU nodes, e.g. 9.89e14 for H100 bf16)")
     ap.add_argument("--log-level", default=env("MESHKEEPER_LOG_LEVEL", "info"))
     args = ap.parse_args(argv)
     if not (args.redis_url or args.controller):
@@ -106,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                       warm=args.devices if args.warm is None else args.warm,
                       heartbeat_s=args.heartbeat, stop_grace_s=args.stop_grace,
                       checkpoint_root=args.checkpoint_root.resolve() if args.checkpoint_root else None)
-    metrics = AgentMetrics()
+    metrics = AgentMetrics(args.peak_flops or None, cfg.devices)
     agent.append(Agent(cfg, Store(redis_url, prefix), metrics))
     metrics.watch(agent[0])
     if args.metrics_port:

@@ -1,0 +1,38 @@
+"""Model FLOPs utilisation, computed in the agent without importing torch.
+
+`worker.model.flops_per_token` counts parameters on a meta-device model, which needs torch;
+the agent must not import it (DESIGN.md section 2: ~4 s and hundreds of MB per agent). The
+count below follows the same architecture analytically, and tests/observability checks it
+equals `worker.model.flops_per_token` for every preset, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import os
+
+from services.spec import ModelSpec
+
+# One CPU core's fp32 peak, roughly: 2 FMA units x 8 lanes (AVX2) x 2 FLOPs x ~3 GHz.
+CPU_CORE_PEAK_FLOPS = 1e11
+
+
+def param_count(m: ModelSpec) -> int:
+    """Embedding + per layer (2 RMSNorms, q/k/v/o, SwiGLU gate/up/down) + final norm + head."""
+    d = m.d_model
+    per_layer = 2 * d + 4 * d * d + 3 * d * m.ffn
+    return m.vocab * d + m.layers * per_layer + d + d * m.vocab
+
+
+def flops_per_token(m: ModelSpec) -> float:
+    """Training FLOPs per token: 6N plus attention scores (PaLM appendix B)."""
+    return 6 * param_count(m) + 12 * m.layers * m.d_model * m.seq_len
+
+
+def default_peak_flops(devices: int) -> float:
+    """Peak FLOP/s of one rank on a CPU host: its share of the cores (GPU nodes set the flag)."""
+    return CPU_CORE_PEAK_FLOPS * max(1, (os.cpu_count() or 1) // max(1, devices))
+
+
+def mfu(flops_per_tok: float, tokens_per_s: float, world_size: int, peak_flops: float) -> float:
+    """The job's tokens/s is global: each rank does 1/world of the work against its own peak."""
+    return flops_per_tok * tokens_per_s / max(1, world_size) / peak_flops
