@@ -1,8 +1,9 @@
 """Prometheus metrics of one controller (DESIGN.md section 8 naming).
 
 Gauges about jobs, workers and ranks are read from Redis at scrape time (the controller keeps
-no state of its own); histograms are observed in process. One registry per controller, no
-process-global registry.
+no state of its own; see metrics_jobs.py); recovery histograms are fed from the jobs'
+`recoveries` records (metrics_recovery.py); request and reconcile timings are observed in
+process. One registry per controller, no process-global registry.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from typing import TYPE_CHECKING
 
 import redis
 from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily
 
-from controller.conditions import PHASES
+from controller.conditions import PHASES, TERMINAL
 from controller.jobs import Job
-from controller.ranks import rank_view
-from services.assignment import RANK_STATES, Assignment
+from controller.metrics_jobs import JobFamilies
+from controller.metrics_recovery import RecoveryFeed
+from services.store import loads
 
 if TYPE_CHECKING:
     from controller.service import Controller
@@ -34,12 +36,12 @@ class ControllerMetrics:
             "meshkeeper_http_request_duration_seconds", "REST request latency",
             ["method", "route"], registry=self.registry,
             buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1))
-        self.registry.register(_RedisCollector(ctl))
+        self.registry.register(_RedisCollector(ctl, RecoveryFeed()))
 
 
 class _RedisCollector:
-    def __init__(self, ctl: "Controller"):
-        self.ctl = ctl
+    def __init__(self, ctl: "Controller", recoveries: RecoveryFeed):
+        self.ctl, self.recoveries = ctl, recoveries
 
     def describe(self):
         return []
@@ -50,46 +52,52 @@ class _RedisCollector:
         leader.add_metric([self.ctl.id], 1.0 if self.ctl.leading else 0.0)
         yield leader
         try:
-            yield from self._from_redis()
+            store = self.ctl.store
+            now, seen = store.now(), store.workers_seen()
+            alive = {w for w, t in seen.items() if t >= now - self.ctl.cfg.scheduler.worker_alive_s}
+            families = list(self._workers(now, seen, alive)) + list(self._jobs(now, alive))
         except redis.RedisError:
-            return  # Redis down: serve what we have; the scrape must not fail
+            families = []  # Redis down: serve what we have; the scrape must not fail
+        yield from families
+        yield from self.recoveries.collect()
 
-    def _from_redis(self):
-        store, alive_s = self.ctl.store, self.ctl.cfg.scheduler.worker_alive_s
-        now = store.now()
-        seen = store.workers_seen()
-        alive = {w for w, t in seen.items() if t >= now - alive_s}
-        infos = store.workers(sorted(alive))
-        workers = Counter(infos[w].get("state", "unknown") for w in alive)
-        workers["dead"] = len(seen) - len(alive)
+    def _workers(self, now: float, seen: dict[str, float], alive: set[str]):
+        infos = self.ctl.store.workers(sorted(alive))
+        states = Counter(info.get("state", "unknown") for info in infos.values())
+        states["dead"] = len(seen) - len(alive)
         g = GaugeMetricFamily("meshkeeper_workers", "Workers by state", labels=["state"])
-        for state in ("idle", "busy", "dead"):
-            g.add_metric([state], workers.get(state, 0))
+        for state in dict.fromkeys(("idle", "busy", "dead", *states)):
+            g.add_metric([state], states.get(state, 0))
         yield g
+        age = GaugeMetricFamily("meshkeeper_worker_heartbeat_age_seconds",
+                                "Since each registered worker's last heartbeat", labels=["worker"])
+        for w, t in seen.items():
+            age.add_metric([w], max(0.0, now - t))
+        yield age
 
+    def _jobs(self, now: float, alive: set[str]):
+        store, k = self.ctl.store, self.ctl.store.keys
         jids = store.job_ids()
-        jobs = [j for j in (Job.from_hash(jid, h) for jid, h in store.jobs(jids).items()) if j]
-        phases = Counter(j.phase for j in jobs)
+        pipe = store.r.pipeline(transaction=False)
+        for jid in jids:
+            pipe.hget(k.job(jid), "phase")
+        phases = dict(zip(jids, pipe.execute()))
         g = GaugeMetricFamily("meshkeeper_jobs", "Jobs by phase", labels=["phase"])
+        counts = Counter(phases.values())
         for ph in PHASES:
-            g.add_metric([ph], phases.get(ph, 0))
+            g.add_metric([ph], counts.get(ph, 0))
         yield g
 
-        ranks: Counter = Counter()
-        loss = GaugeMetricFamily("meshkeeper_train_loss", "Latest training loss", labels=["job"])
-        tokens = CounterMetricFamily("meshkeeper_train_tokens", "Tokens trained", labels=["job"])
-        for j in jobs:
-            if j.phase in ("Running", "Recovering"):
-                asg = Assignment.from_fields(store.job_assignment(j.id))
-                if asg:
-                    ranks.update(r["state"] for r in rank_view(asg, store.progress(asg.workers), alive))
-            if j.loss is not None:
-                loss.add_metric([j.id], j.loss)
-            tr, m = j.spec.get("train", {}), j.spec.get("model", {})
-            tokens.add_metric([j.id], j.step * tr.get("global_batch", 0) * m.get("seq_len", 0))
-        g = GaugeMetricFamily("meshkeeper_ranks", "Ranks of running jobs by state", labels=["state"])
-        for s in RANK_STATES:
-            g.add_metric([s], ranks.get(s, 0))
-        yield g
-        yield loss
-        yield tokens
+        open_ids = [j for j, ph in phases.items() if ph and ph not in TERMINAL]
+        # jobs that ended since the last scrape are read once more for their last recoveries
+        wanted = list(dict.fromkeys([*open_ids, *(self.recoveries.tracked & set(jids))]))
+        raws = store.jobs(wanted)
+        fams = JobFamilies()
+        for jid in open_ids:
+            job = Job.from_hash(jid, raws[jid])
+            if job is not None:
+                fams.add(store, job, raws[jid], now, alive)
+        if self.ctl.leading:
+            self.recoveries.feed({j: loads(raws[j].get("recoveries"), []) for j in wanted},
+                                 set(open_ids))
+        yield from fams.families()

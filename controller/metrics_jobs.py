@@ -1,0 +1,111 @@
+"""Per-job gauges, read from Redis at scrape time (the controller keeps no state of its own).
+
+Only jobs not yet ended get series, so a job's label children vanish when it ends. Every
+time is Redis server time, so ages never depend on the controller's clock.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from controller.conditions import PHASES
+from controller.jobs import Job
+from controller.ranks import rank_view, summarize
+from services.assignment import RANK_STATES, Assignment
+from services.store import Store, loads
+
+# The states the dashboard and the alerts name, always exported (as 0) so they exist;
+# `straggler` is set by the health loop; any other state a rank reports is exported too.
+RANK_STATE_LABELS = tuple(dict.fromkeys((*RANK_STATES, "straggler")))
+L = ["job_id"]
+
+
+class JobFamilies:
+    """The families of one scrape; `add(store, job, raw, now, alive)` per open job."""
+
+    def __init__(self):
+        g, c = GaugeMetricFamily, CounterMetricFamily
+        self.phase = g("meshkeeper_job_phase", "1 for the job's current phase", labels=[*L, "phase"])
+        self.step = g("meshkeeper_job_step", "Steps done (the slowest rank's)", labels=L)
+        self.target = g("meshkeeper_job_target_steps", "Steps the job trains for", labels=L)
+        self.generation = g("meshkeeper_job_generation", "Current generation of the job's world", labels=L)
+        self.loss = g("meshkeeper_train_loss", "Latest training loss", labels=L)
+        self.tokens = c("meshkeeper_train_tokens", "Tokens trained (steps done x tokens per step)", labels=L)
+        self.tps = g("meshkeeper_train_tokens_per_second", "Latest training throughput", labels=L)
+        self.ranks = g("meshkeeper_ranks", "Ranks by state", labels=[*L, "state"])
+        self.spares = g("meshkeeper_spares", "Spare workers held for the job", labels=L)
+        self.ckpt_age = g("meshkeeper_checkpoint_age_seconds", "Since the last committed checkpoint "
+                          "(or the job's start, before the first)", labels=L)
+        self.ckpt_step = g("meshkeeper_checkpoint_step", "Step of the last committed checkpoint", labels=L)
+        self.ckpt_every = g("meshkeeper_checkpoint_expected_interval_seconds",
+                            "checkpoint.every_steps x the latest step time", labels=L)
+        self.restarts = c("meshkeeper_job_restarts", "Restarts of the job's world, by cause",
+                          labels=[*L, "reason"])
+        self.max_restarts = g("meshkeeper_job_max_restarts", "fault_tolerance.max_restarts", labels=L)
+        self.lost = c("meshkeeper_recovery_lost_steps", "Steps redone after recoveries", labels=L)
+        self.recovering = g("meshkeeper_job_recovering_seconds", "How long the job has been "
+                            "recovering (only while it is)", labels=L)
+        self.goodput = g("meshkeeper_goodput_ratio", "Useful step time over the job's wall time "
+                         "since it started", labels=L)
+
+    def families(self):
+        return list(vars(self).values())
+
+    def add(self, store: Store, job: Job, raw: dict[str, str], now: float, alive: set[str]) -> None:
+        jid = [job.id]
+        spec = job.spec
+        asg = Assignment.from_fields(store.job_assignment(job.id)) if job.generation else None
+        ranks = rank_view(asg, store.progress(asg.workers), alive) if asg else []
+        job.absorb(summarize(ranks))  # fresher than the controller's last write
+        for ph in PHASES:
+            self.phase.add_metric([job.id, ph], 1.0 if job.phase == ph else 0.0)
+        self.step.add_metric(jid, job.step)
+        self.target.add_metric(jid, job.total_steps)
+        self.generation.add_metric(jid, job.generation)
+        if job.loss is not None:
+            self.loss.add_metric(jid, job.loss)
+        tr, model = spec.get("train", {}), spec.get("model", {})
+        self.tokens.add_metric(jid, job.step * tr.get("global_batch", 0) * model.get("seq_len", 0))
+        if job.tokens_per_s is not None:
+            self.tps.add_metric(jid, job.tokens_per_s)
+        states = Counter(r["state"] for r in ranks)
+        for s in dict.fromkeys((*RANK_STATE_LABELS, *states)):
+            self.ranks.add_metric([job.id, s], states.get(s, 0))
+        self.spares.add_metric(jid, len(asg.spares) if asg else 0)
+        self._checkpoint(job, store.checkpoint(job.id), now)
+        self._recoveries(job, loads(raw.get("recoveries"), []), now)
+        if job.started_at and job.step_s and now > job.started_at:
+            # steps redone after a restore are not counted twice: job.step never goes back
+            self.goodput.add_metric(jid, min(1.0, job.step * job.step_s / (now - job.started_at)))
+
+    def _checkpoint(self, job: Job, ckpt: dict[str, str], now: float) -> None:
+        jid = [job.id]
+        since = float(ckpt["time"]) if ckpt.get("time") else job.started_at
+        if since is not None:
+            self.ckpt_age.add_metric(jid, max(0.0, now - since))
+        if ckpt.get("step"):
+            self.ckpt_step.add_metric(jid, int(ckpt["step"]))
+        every = job.spec.get("checkpoint", {}).get("every_steps")
+        if every and job.step_s:
+            self.ckpt_every.add_metric(jid, every * job.step_s)
+
+    def _recoveries(self, job: Job, records: list, now: float) -> None:
+        """Restarts by cause from the records; restarts the job counts beyond its records (an
+        older controller, a trimmed list) are `unknown`, so the sum is the job's count."""
+        jid = [job.id]
+        records = [r for r in records if isinstance(r, dict)] if isinstance(records, list) else []
+        causes = Counter(str(r.get("cause") or "unknown") for r in records)
+        causes["unknown"] += max(0, job.restarts - len(records))
+        for cause, n in causes.items():
+            if n:
+                self.restarts.add_metric([job.id, cause], n)
+        ft = job.spec.get("fault_tolerance", {})
+        if "max_restarts" in ft:
+            self.max_restarts.add_metric(jid, ft["max_restarts"])
+        self.lost.add_metric(jid, sum(r.get("steps_lost") or 0 for r in records
+                                      if isinstance(r.get("steps_lost"), (int, float))))
+        cond = job.condition("Recovering")
+        if job.phase == "Recovering" and cond and cond.get("lastTransitionTime"):
+            self.recovering.add_metric(jid, max(0.0, now - float(cond["lastTransitionTime"])))

@@ -1,0 +1,66 @@
+"""Recovery records -> histograms: fault detection, total recovery time, and each phase.
+
+The recovery loop appends one record per recovery to the job's `recoveries` field
+(cause, detected_at, action, replaced, steps_lost, durations {detect_s, decide_s,
+rendezvous_s, restore_s, first_step_s, total_s}). Each record is observed once, when it is
+complete (has durations.total_s), and only by the lease holder, so two replicas never
+count one recovery twice. Histograms carry the cause or the phase, never a job or a rank.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Histogram
+
+DETECT_BUCKETS = (.1, .25, .5, 1, 2, 5, 10, 30, 60, 120)
+RECOVERY_BUCKETS = (.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)  # alert bound: 120
+PHASES = ("decide", "rendezvous", "restore", "first_step")
+
+
+class RecoveryFeed:
+    def __init__(self):
+        self.detect = Histogram("meshkeeper_fault_detection_seconds",
+                                "From a fault to its detection, per recovery", ["cause"],
+                                registry=None, buckets=DETECT_BUCKETS)
+        self.total = Histogram("meshkeeper_recovery_duration_seconds",
+                               "From detection to the first step of the new generation",
+                               ["cause"], registry=None, buckets=RECOVERY_BUCKETS)
+        self.phase = Histogram("meshkeeper_recovery_phase_duration_seconds",
+                               "Each phase of a recovery (decide, rendezvous, restore, first_step)",
+                               ["phase"], registry=None, buckets=RECOVERY_BUCKETS)
+        self._seen: dict[str, set[str]] = {}  # job id -> keys of the records observed
+
+    @property
+    def tracked(self) -> set[str]:
+        return set(self._seen)
+
+    def feed(self, records: dict[str, list], still_open: set[str]) -> None:
+        """Observe new complete records; stop tracking jobs that are no longer open (their
+        last records are fed here once more, so a job that ended between scrapes loses none)."""
+        for jid, recs in records.items():
+            seen = self._seen.setdefault(jid, set())
+            for i, rec in enumerate(recs if isinstance(recs, list) else []):
+                key = str(rec.get("detected_at", i)) if isinstance(rec, dict) else str(i)
+                durations = rec.get("durations") if isinstance(rec, dict) else None
+                if key in seen or not isinstance(durations, dict) or _sec(durations, "total_s") is None:
+                    continue
+                seen.add(key)
+                self._observe(str(rec.get("cause") or "unknown"), durations)
+        for jid in set(self._seen) - still_open:
+            del self._seen[jid]
+
+    def _observe(self, cause: str, d: dict) -> None:
+        self.total.labels(cause).observe(_sec(d, "total_s"))
+        if (v := _sec(d, "detect_s")) is not None:
+            self.detect.labels(cause).observe(v)
+        for phase in PHASES:
+            if (v := _sec(d, f"{phase}_s")) is not None:
+                self.phase.labels(phase).observe(v)
+
+    def collect(self):
+        for h in (self.detect, self.total, self.phase):
+            yield from h.collect()
+
+
+def _sec(d: dict, key: str) -> float | None:
+    v = d.get(key)
+    return float(v) if isinstance(v, (int, float)) and v >= 0 else None
