@@ -4,6 +4,7 @@ DESIGN.md section 9 and issue 7 read off the rendered objects."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import jsonschema
 import pytest
@@ -169,14 +170,17 @@ def test_service_monitors_select_a_service_port():
 
 def test_prometheus_rule_carries_the_deploy_rule_groups(tmp_path):
     helm = dt.helm()
+    bare = dt.copy_chart(tmp_path / "a")
+    shutil.rmtree(bare / "files" / "prometheus" / "rules")  # the shipped alert rules
     with pytest.raises(helm.HelmRenderError, match="no rule groups"):
-        dt.render({"metrics": {"prometheusRule": {"enabled": True}}}, chart=dt.copy_chart(tmp_path / "a"))
+        dt.render({"metrics": {"prometheusRule": {"enabled": True}}}, chart=bare)
     chart = dt.copy_chart(tmp_path / "b")
-    group = {"name": "meshkeeper", "rules": [{"alert": "RankDead", "expr": "meshkeeper_ranks{state=\"dead\"} > 0"}]}
+    group = {"name": "extra", "rules": [{"alert": "RankDead", "expr": "meshkeeper_ranks{state=\"dead\"} > 0"}]}
     (chart / "files" / "prometheus" / "rules").mkdir(exist_ok=True)
     (chart / "files" / "prometheus" / "rules" / "test.yml").write_text(yaml.safe_dump({"groups": [group]}))
     rule = one(objects({"metrics": {"prometheusRule": {"enabled": True}}}, chart=chart), "PrometheusRule", "")
-    assert group in rule["spec"]["groups"]
+    shipped = yaml.safe_load((dt.REPO / "deploy" / "prometheus" / "rules" / "meshkeeper.yml").read_text())
+    assert all(g in rule["spec"]["groups"] for g in [group, *shipped["groups"]])
 
 
 def test_dashboards_become_a_sidecar_configmap(tmp_path):
