@@ -23,8 +23,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from controller import jobs
+from controller import jobs, web
 from controller.conditions import PHASES, TERMINAL
+from controller.discovery import worker_targets
 from controller.jobs import JOB_ID_RE, Job
 from controller.service import Controller
 from controller.status import job_status, job_summary, workers_status
@@ -155,6 +156,12 @@ def create_app(ctl: Controller) -> FastAPI:
     def metrics() -> Response:
         return Response(generate_latest(ctl.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    @app.get("/v1/sd/workers", tags=["ops"])
+    def sd_workers() -> list[dict]:
+        """Prometheus HTTP service discovery: every live worker's metrics endpoint."""
+        return worker_targets(ctl.store, alive_s)
+
+    web.mount(app)  # the mesh page at /ui/
     return app
 
 
