@@ -58,6 +58,10 @@ class Run:
     def active(self) -> bool:
         return any(r.exit_code is None for r in self.ranks.values())
 
+    @property
+    def training(self) -> bool:
+        return all(r.first_step_at for r in self.ranks.values())
+
     def state(self) -> str:
         states = {r.state for r in self.ranks.values()}
         for s in ("failed", "starting", "running", "stopped"):
@@ -108,9 +112,11 @@ class Agent:
                     self._close_pubsub()
                     self._stop.wait(backoff.next())
                 self._supervise()
-                # Refilled while a job runs too: after a failure the next generation's
-                # trainers come from here (torch already imported), not from a cold start.
-                self.launcher.refill()
+                # Refilled while a job runs too (after a failure the next generation's trainers
+                # come from here, torch already imported), but only once its ranks train:
+                # importing torch beside a starting trainer would slow that start.
+                if not (self.run and self.run.active) or self.run.training:
+                    self.launcher.refill()
         finally:
             self._shutdown()
 

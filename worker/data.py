@@ -47,9 +47,13 @@ class SyntheticMarkov:
         # A little uniform mass makes the chain ergodic: one stationary distribution.
         self.trans = 0.999 * sparse + 0.001 / vocab
         self.cdf = _cdf(self.trans)
-        vals, vecs = np.linalg.eig(self.trans.T)
-        pi = np.abs(np.real(vecs[:, np.argmin(np.abs(vals - 1.0))]))
-        self.stationary = pi / pi.sum()
+        # Stationary distribution: solve pi (P - I) = 0 with sum(pi) = 1 (one LU, ~50x
+        # faster than an eigendecomposition at vocab 1024; every rank builds this).
+        a = self.trans.T - np.eye(vocab)
+        a[-1] = 1.0
+        b = np.zeros(vocab)
+        b[-1] = 1.0
+        self.stationary = np.linalg.solve(a, b)
         self.stationary_cdf = _cdf(self.stationary)
 
     def entropy_floor(self) -> float:
