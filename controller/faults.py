@@ -80,13 +80,7 @@ class FaultHandler:
         record.update(action=action, replaced=[{"old": o, "new": n} for o, n in layout.moved.items()],
                       to_shape=[layout.shape.dp, layout.shape.pp, layout.shape.tp])
         msg = self._message(first, action, layout)
-        job.set("Recovering", True, _reason(action), msg, now)
-        job.recoveries = (job.recoveries + [record])[-KEEP_RECORDS:]
-        new = self.s.start_generation(job, layout, asg, "Recovering", lease, now,
-                                      event=("Warning", "RecoveryStarted", msg))
-        job.recoveries[-1].update(to_generation=new.generation, decided_at=self.s.store.now())
-        self.s.store.commit(Tx().hset(self.s.k.job(job.id), job.fields()), lease)
-        log.warning("job %s: %s", job.id, msg)
+        self._enact(job, asg, layout, record, _reason(action), msg, "Warning", lease, now)
 
     def plan(self, job: Job, asg: Assignment, bad: set[str], now: float) -> tuple[Layout | None, str]:
         p, t = job.spec["parallel"], job.spec["train"]
@@ -177,14 +171,18 @@ class FaultHandler:
         record.update(action="grow", to_shape=[layout.shape.dp, layout.shape.pp, layout.shape.tp])
         msg = (f"{len(free)} idle workers: growing dp {asg.shape.dp} -> {layout.shape.dp} after "
                f"checkpoint {ckpt} (planned: not counted as a restart)")
-        job.set("Recovering", True, "GrowingDP", msg, now)
-        job.recoveries = (job.recoveries + [record])[-KEEP_RECORDS:]
-        new = self.s.start_generation(job, layout, asg, "Recovering", lease, now,
-                                      event=("Normal", "GrowingDP", msg))
-        job.recoveries[-1].update(to_generation=new.generation, decided_at=self.s.store.now())
-        self.s.store.commit(Tx().hset(self.s.k.job(job.id), job.fields()), lease)
-        log.info("job %s: %s", job.id, msg)
+        self._enact(job, asg, layout, record, "GrowingDP", msg, "Normal", lease, now)
         return True
+
+    def _enact(self, job: Job, asg: Assignment, layout: Layout, record: dict, reason: str, msg: str,
+               kind: str, lease: str, now: float) -> None:
+        """Record the recovery and write its generation, in one fenced transaction."""
+        record.update(to_generation=job.generation + 1, decided_at=self.s.store.now())
+        job.recoveries = (job.recoveries + [record])[-KEEP_RECORDS:]
+        job.set("Recovering", True, reason, msg, now)
+        event = "RecoveryStarted" if kind == "Warning" else reason
+        self.s.start_generation(job, layout, asg, "Recovering", lease, now, event=(kind, event, msg))
+        log.log(logging.WARNING if kind == "Warning" else logging.INFO, "job %s: %s", job.id, msg)
 
     # -- the record ---------------------------------------------------------------------
     def _record(self, job: Job, ranks: list[dict], cause: str, faults: list[health.Fault], now: float) -> dict:
