@@ -1,0 +1,252 @@
+"""What the chaos tests share: specs, a watcher of the REST status, precise kills, and the
+stitched loss curve of a job that went through several generations.
+
+The stitched curve: for every step, the record of the newest generation that ran it, read
+from rank 0's metrics file of each generation (`{run_dir}/jobs/{job}/g{gen}/metrics-0.jsonl`
+on whichever worker hosted rank 0 then). It is compared with an uninterrupted torchrun run of
+the same spec (tests/launch.py), bit for bit when the mesh never changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from services.api import JobStatus
+from tests.stack import ROOT, Stack, process_groups_alive, tiny_spec, wait_until
+
+TERMINAL = ("Succeeded", "Failed", "Cancelled")
+TRAINING = ("model", "data", "parallel", "train", "checkpoint")  # what decides the numbers
+STEPS, EVERY = 30, 5
+
+
+def mesh_spec(name: str, *, steps: int = STEPS, parallel: dict | None = None,
+              train: dict | None = None, **ft) -> dict:
+    """A tiny dp2 x tp2 job with one spare, a checkpoint every 5 steps (async saves).
+
+    Straggler replacement is off (`report`) except where a test is about stragglers: on a
+    shared, oversubscribed 2-core host, run-queue noise alone can push one rank of four past
+    1.5x the median (seen: 1.59x over 20 steps), and an unplanned recovery is not what
+    these tests are about.
+    """
+    return tiny_spec(name, parallel=parallel or {"dp": 2, "tp": 2}, train={"steps": steps, **(train or {})},
+                     checkpoint={"every_steps": EVERY, "mode": "async"},
+                     fault_tolerance={"spares": 1, "dead_after_s": 2.0, "hang_after_s": 30,
+                                      "straggler": {"action": "report"}, **ft})
+
+
+# -- watching the job through REST --------------------------------------------------------
+class Watch:
+    """Polls GET /v1/jobs/{id} and keeps what it saw: generations, restarts and the
+    checkpoint pointer may only ever move forward."""
+
+    def __init__(self, stack: Stack, jid: str):
+        self.stack, self.jid = stack, jid
+        self.seen: list[JobStatus] = []
+        self.pointers: list[tuple[int, int]] = []  # (generation, step) of last_checkpoint, as it moved
+
+    def poll(self) -> JobStatus:
+        j = self.stack.client.job(self.jid)
+        self.seen.append(j)
+        ck = j.last_checkpoint
+        if ck is not None and (not self.pointers or self.pointers[-1] != (ck.generation, ck.step)):
+            self.pointers.append((ck.generation, ck.step))
+        return j
+
+    def until(self, pred: Callable[[JobStatus], bool], timeout: float, what: str,
+              every: float = 0.1) -> JobStatus:
+        def check():
+            j = self.poll()
+            if pred(j):
+                return j
+            if j.phase in TERMINAL:
+                raise AssertionError(f"job {self.jid} ended {j.phase} while waiting for {what}: "
+                                     f"{[(c.type, c.reason, c.message) for c in j.conditions if c.status == 'True']}"
+                                     f"\n{self.stack.logs()}")
+            return None
+        return wait_until(check, timeout, f"{what} (job {self.jid})", every)
+
+    def finish(self, timeout: float = 300) -> JobStatus:
+        j = wait_until(lambda: (j := self.poll()).phase in TERMINAL and j, timeout,
+                       f"job {self.jid} to end")
+        self.assert_monotonic()
+        return j
+
+    def assert_monotonic(self) -> None:
+        gens = [j.generation for j in self.seen]
+        restarts = [j.restarts for j in self.seen]
+        assert gens == sorted(gens), f"generation went backwards: {gens}"
+        assert restarts == sorted(restarts), f"restarts went backwards: {restarts}"
+        assert self.pointers == sorted(self.pointers), (
+            f"checkpoint pointer (generation, step) went backwards: {self.pointers}")
+
+
+def succeeded(stack: Stack, j: JobStatus) -> None:
+    assert j.phase == "Succeeded", (
+        f"job {j.id} is {j.phase}: {[(c.type, c.reason, c.message) for c in j.conditions]}\n{stack.logs()}")
+    assert j.condition("Succeeded").reason == "AllRanksSucceeded"
+    assert j.step == j.steps
+    assert all(r.state == "succeeded" and r.exit_code == 0 for r in j.mesh.ranks), j.mesh.ranks
+    assert j.last_checkpoint is not None and j.last_checkpoint.step == j.steps
+    assert j.last_checkpoint.generation == j.generation
+
+
+def rank(j: JobStatus, n: int):
+    return next(r for r in j.mesh.ranks if r.rank == n)
+
+
+def completed(rec) -> None:
+    """A recovery record closed once the new generation trained: every phase timed."""
+    assert rec.completed_at is not None, rec
+    assert rec.to_generation == rec.from_generation + 1, rec
+    d = rec.durations or {}
+    for k in ("detect_s", "decide_s", "rendezvous_s", "restore_s", "first_step_s", "total_s"):
+        assert k in d and d[k] >= 0, (k, d)
+    assert d["total_s"] > 0, d
+    assert rec.resumed_step is not None and rec.resumed_step % EVERY == 0, rec
+    assert rec.steps_lost is not None and rec.steps_lost >= 0, rec
+
+
+def events(stack: Stack, jid: str) -> list:
+    return stack.client.events(jid, limit=1000)
+
+
+# -- metrics files ------------------------------------------------------------------------
+def records(path: Path) -> list[dict]:
+    """The JSON lines of a metrics file; a line cut by a SIGKILL is not a record."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
+def steps_of(recs: list[dict]) -> list[dict]:
+    return [r for r in recs if "step" in r and "event" not in r]
+
+
+def metrics_path(stack: Stack, j: JobStatus, n: int) -> Path:
+    return stack.job_dir(rank(j, n).worker, j.id, j.mesh.generation) / f"metrics-{n}.jsonl"
+
+
+def wait_record(path: Path, pred: Callable[[dict], bool], timeout: float, what: str) -> dict:
+    """Tail a rank's metrics file (every 5 ms: a tiny step takes tens of ms) for a record."""
+    deadline, offset, partial = time.monotonic() + timeout, 0, ""
+    while time.monotonic() < deadline:
+        if path.exists():
+            with path.open() as f:
+                f.seek(offset)
+                chunk = f.read()
+                offset = f.tell()
+            lines = (partial + chunk).split("\n")
+            partial = lines.pop()
+            for line in lines:
+                rec = json.loads(line)
+                if pred(rec):
+                    return rec
+                if rec.get("event") == "done":
+                    raise AssertionError(f"{path} finished before {what}")
+        time.sleep(0.005)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} in {path}")
+
+
+def at_step(step: int) -> Callable[[dict], bool]:
+    return lambda r: "event" not in r and r.get("step", -1) >= step
+
+
+def rank0_generations(stack: Stack, jid: str) -> dict[int, list[dict]]:
+    """Generation -> every record rank 0 wrote in it, from whichever worker hosted it."""
+    out: dict[int, list[dict]] = {}
+    for f in stack.work.glob(f"workers/*/jobs/{jid}/g*/metrics-0.jsonl"):
+        g = int(f.parent.name[1:])
+        assert g not in out, f"two workers ran rank 0 of generation {g}"
+        out[g] = records(f)
+    return dict(sorted(out.items()))
+
+
+def stitched(stack: Stack, j: JobStatus) -> dict[int, dict]:
+    """Step -> the record of the newest generation that ran it; asserts that no generation
+    skipped or repeated a step, that each resumed at a checkpoint boundary no later than
+    where the previous ones got to, and that together they cover every step once."""
+    gens = rank0_generations(stack, j.id)
+    assert list(gens) == list(range(1, j.generation + 1)), (
+        f"rank 0 metrics for generations {list(gens)}, the job is at generation {j.generation}")
+    curve: dict[int, dict] = {}
+    reached = 0  # steps 0..reached-1 ran in some earlier generation
+    for g, recs in gens.items():
+        steps = [r["step"] for r in steps_of(recs)]
+        ready = [r for r in recs if r.get("event") == "ready"]
+        if not steps and not ready:
+            continue  # a generation that never got going (ended before rank 0 was ready)
+        start = ready[0]["start_step"] if ready else steps[0]
+        assert steps == list(range(start, start + len(steps))), (
+            f"generation {g}: steps not consecutive from {start}: {steps}")
+        assert start % EVERY == 0 and start <= reached, (
+            f"generation {g} resumed at step {start}; earlier generations reached {reached}")
+        for r in steps_of(recs):
+            curve[r["step"]] = {**r, "generation": g}
+        reached = max(reached, start + len(steps))
+    assert sorted(curve) == list(range(j.steps)), f"stitched steps {sorted(curve)}"
+    assert curve[j.steps - 1]["generation"] == j.generation
+    return curve
+
+
+def assert_curve(stack: Stack, j: JobStatus, reference: list[dict], *, exact: bool) -> dict[int, dict]:
+    curve = stitched(stack, j)
+    got = [curve[s]["loss"] for s in range(j.steps)]
+    want = [r["loss"] for r in reference]
+    assert len(want) == j.steps
+    if exact:
+        diff = [(s, g, w) for s, (g, w) in enumerate(zip(got, want)) if g != w]
+        assert not diff, f"{len(diff)} steps differ from the uninterrupted run (step, got, want): {diff[:5]}"
+    else:
+        bad = [(s, g, w) for s, (g, w) in enumerate(zip(got, want)) if abs(g - w) > 1e-5 * abs(w)]
+        assert not bad, f"{len(bad)} steps beyond rtol 1e-5 (step, got, want): {bad[:5]}"
+    return curve
+
+
+# -- processes ----------------------------------------------------------------------------
+def kill(pid: int, sig: int = signal.SIGKILL) -> None:
+    os.kill(pid, sig)
+
+
+def gone(pid: int) -> bool:
+    return not process_groups_alive([pid])
+
+
+def pin(pid: int, cpu: int) -> None:
+    """Every thread of `pid` onto one CPU (sched_setaffinity(pid) moves only that thread)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), {cpu})
+        except (ProcessLookupError, OSError):
+            pass
+
+
+class Hogs:
+    """Busy loops pinned to one CPU: contention for whatever else runs there."""
+
+    def __init__(self, cpu: int, n: int):
+        code = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True:\n    pass\n"
+        self.procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, start_new_session=True)
+                      for _ in range(n)]
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def training_key(spec: dict) -> str:
+    return json.dumps({k: spec.get(k) for k in TRAINING}, sort_keys=True)

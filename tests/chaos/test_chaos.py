@@ -1,0 +1,287 @@
+"""Chaos: real processes are killed, stopped and slowed under a running job; every assertion
+reads the REST status (and the events), and the trainers' own metrics files for the losses.
+
+For each scenario: the job reaches Succeeded, the stitched loss curve (rank 0's records,
+newest generation per step) has every step exactly once per generation with no gap, and it
+equals an uninterrupted torchrun run of the same spec: bit for bit on an unchanged mesh,
+rtol 1e-5 after a reshape.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tests.chaos.chaos import (EVERY, Hogs, Watch, assert_curve, at_step, completed, events, gone,
+                               kill, mesh_spec, metrics_path, pin, rank, records, succeeded,
+                               wait_record)
+from tests.stack import WORKERS, process_groups_alive, tiny_spec, wait_until
+
+pytestmark = pytest.mark.slow
+
+KILL_AT = 10  # steps into generation 1 (of 30): past two commits, well before the end
+
+
+def start(stack, spec) -> tuple[Watch, object]:
+    """Submit and wait until every rank of generation 1 has a trainer and trains."""
+    w = Watch(stack, stack.client.submit(spec).id)
+    j = w.until(lambda j: j.mesh.generation == 1 and j.mesh.ranks
+                and all(r.pid and r.state == "running" for r in j.mesh.ranks), 180,
+                "every rank of generation 1 to train")
+    return w, j
+
+
+def only_recovery(j, cause: str, action: str):
+    assert [(r.cause, r.action) for r in j.recoveries] == [(cause, action)], j.recoveries
+    assert (j.restarts, j.generation) == (1, 2), (j.restarts, j.generation)
+    return j.recoveries[0]
+
+
+def same_coordinates(before, after, moved: dict[str, str]) -> None:
+    """Every rank kept its coordinate; only the moved workers' ranks changed worker."""
+    for r in before.mesh.ranks:
+        a = rank(after, r.rank)
+        assert a.coord == r.coord
+        assert a.worker == moved.get(r.worker, r.worker), (r.rank, r.worker, a.worker, moved)
+
+
+def reasons(stack, jid) -> list[str]:
+    return [e.reason for e in events(stack, jid)]
+
+
+# -- 1 ------------------------------------------------------------------------------------
+def test_sigkill_one_trainer(stack, uninterrupted):
+    spec = mesh_spec("chaos-trainer")
+    want = uninterrupted(spec)
+    w, j1 = start(stack, spec)
+    victim, spare = rank(j1, 1), j1.mesh.spares[0]
+    wait_record(metrics_path(stack, j1, 1), at_step(KILL_AT), 120, f"rank 1 at step {KILL_AT}")
+    kill(victim.pid)
+    j = w.finish()
+    succeeded(stack, j)
+    rec = only_recovery(j, "TrainerKilled", "replace")
+    assert [(f["rank"], f["worker"]) for f in rec.faults] == [(1, victim.worker)], rec.faults
+    assert "signal 9" in rec.faults[0]["detail"]
+    assert rec.replaced == [{"old": victim.worker, "new": spare}]
+    assert rec.to_shape == [2, 1, 2]
+    completed(rec)
+    assert rec.resumed_step <= rec.last_step
+    same_coordinates(j1, j, {victim.worker: spare})
+    assert victim.worker in j.mesh.spares  # its agent lives: it stays with the job as a spare
+    assert {"RecoveryStarted", "Recovered"} <= set(reasons(stack, j.id))
+    curve = assert_curve(stack, j, want, exact=True)
+    assert curve[rec.resumed_step]["generation"] == 2
+
+
+# -- 2 ------------------------------------------------------------------------------------
+def test_sigkill_worker_agent_and_trainers(stack, uninterrupted):
+    spec = mesh_spec("chaos-worker")
+    want = uninterrupted(spec)
+    w, j1 = start(stack, spec)
+    victim, spare = rank(j1, 2), j1.mesh.spares[0]
+    wait_record(metrics_path(stack, j1, 2), at_step(KILL_AT), 120, f"rank 2 at step {KILL_AT}")
+    stack.kill_worker(victim.worker, [victim.pid])
+    j = w.finish()
+    succeeded(stack, j)
+    rec = only_recovery(j, "WorkerDead", "replace")
+    assert victim.worker in {f["worker"] for f in rec.faults}
+    assert {f["cause"] for f in rec.faults} == {"WorkerDead"}, rec.faults
+    assert rec.replaced == [{"old": victim.worker, "new": spare}]
+    completed(rec)
+    same_coordinates(j1, j, {victim.worker: spare})
+    assert victim.worker not in j.mesh.spares
+    assert gone(victim.pid)
+    assert_curve(stack, j, want, exact=True)
+
+
+# -- 3 ------------------------------------------------------------------------------------
+def test_sigkill_rendezvous_host(stack, uninterrupted):
+    spec = mesh_spec("chaos-rdzv")
+    want = uninterrupted(spec)
+    w, j1 = start(stack, spec)
+    host, spare = rank(j1, 0), j1.mesh.spares[0]
+    wait_record(metrics_path(stack, j1, 0), at_step(KILL_AT), 120, f"rank 0 at step {KILL_AT}")
+    stack.kill_worker(host.worker, [host.pid])
+    j = w.finish()
+    succeeded(stack, j)
+    rec = only_recovery(j, "WorkerDead", "replace")
+    assert rec.replaced == [{"old": host.worker, "new": spare}]
+    completed(rec)
+    same_coordinates(j1, j, {host.worker: spare})
+    assert rank(j, 0).worker == spare
+    assert j.mesh.rendezvous != j1.mesh.rendezvous, (j1.mesh.rendezvous, j.mesh.rendezvous)
+    assert j.mesh.rendezvous.rsplit(":", 1)[1] != j1.mesh.rendezvous.rsplit(":", 1)[1]
+    assert_curve(stack, j, want, exact=True)
+
+
+# -- 4 ------------------------------------------------------------------------------------
+def test_sigstop_hung_rank_is_replaced_and_fenced_after_sigcont(stack, uninterrupted):
+    spec = mesh_spec("chaos-hang", hang_after_s=6)
+    want = uninterrupted(spec)
+    w, j1 = start(stack, spec)
+    victim, spare = rank(j1, 3), j1.mesh.spares[0]
+    wait_record(metrics_path(stack, j1, 3), at_step(KILL_AT), 120, f"rank 3 at step {KILL_AT}")
+    kill(victim.pid, signal.SIGSTOP)
+    try:
+        j = w.until(lambda j: j.generation >= 2, 120, "a recovery from the hang")
+        rec = j.recoveries[0]
+        assert rec.cause == "RankHung", rec
+        assert [(f["rank"], f["worker"]) for f in rec.faults] == [(3, victim.worker)], rec.faults
+        assert rec.action == "replace" and rec.replaced == [{"old": victim.worker, "new": spare}], rec
+    finally:
+        if not gone(victim.pid):
+            kill(victim.pid, signal.SIGCONT)
+    # resumed, the old process can write nothing into the new world: it is stopped by its agent
+    wait_until(lambda: gone(victim.pid), 30, f"the stopped trainer {victim.pid} to be gone")
+    j = w.finish()
+    succeeded(stack, j)
+    rec = only_recovery(j, "RankHung", "replace")
+    completed(rec)
+    same_coordinates(j1, j, {victim.worker: spare})
+    assert j.last_checkpoint.generation == 2
+    assert_curve(stack, j, want, exact=True)
+
+
+# -- 5 ------------------------------------------------------------------------------------
+def test_cpu_contention_straggler_is_replaced(stack, uninterrupted):
+    spec = mesh_spec("chaos-slow", steps=40, parallel={"dp": 2},
+                     straggler={"slowdown": 1.5, "window_steps": 6, "action": "replace"})
+    want = uninterrupted(spec)
+    w, j1 = start(stack, spec)
+    fast, victim, spare = rank(j1, 0), rank(j1, 1), j1.mesh.spares[0]
+    cpus = sorted(os.sched_getaffinity(0))
+    assert len(cpus) >= 2, "needs two CPUs: one per rank"
+    pin(fast.pid, cpus[0])
+    pin(victim.pid, cpus[1])
+    hogs = Hogs(cpus[1], 4)  # the victim gets ~1/5 of its CPU
+    try:
+        j = w.until(lambda j: j.generation >= 2, 180, "the straggler to be replaced")
+    finally:
+        hogs.stop()
+    j = w.finish()
+    succeeded(stack, j)
+    rec = only_recovery(j, "Straggler", "replace")
+    assert [(f["rank"], f["worker"]) for f in rec.faults] == [(1, victim.worker)], rec.faults
+    assert rec.replaced == [{"old": victim.worker, "new": spare}]
+    completed(rec)
+    same_coordinates(j1, j, {victim.worker: spare})
+    flagged = [e.message for e in events(stack, j.id) if e.reason == "StragglerDetected"]
+    assert not flagged, flagged  # no healthy rank reported
+    assert_curve(stack, j, want, exact=True)
+
+
+# -- 6 ------------------------------------------------------------------------------------
+def test_two_ranks_killed_at_once_with_one_spare(stack, uninterrupted):
+    spec = mesh_spec("chaos-two")
+    want = uninterrupted(spec)
+    w, j1 = start(stack, spec)
+    a, b, spare = rank(j1, 1), rank(j1, 2), j1.mesh.spares[0]
+    wait_record(metrics_path(stack, j1, 1), at_step(KILL_AT), 120, f"rank 1 at step {KILL_AT}")
+    kill(a.pid)
+    kill(b.pid)
+    j = w.finish()
+    succeeded(stack, j)
+    rec = only_recovery(j, "TrainerKilled", "replace")
+    assert sorted((f["rank"], f["cause"]) for f in rec.faults) == [(1, "TrainerKilled"), (2, "TrainerKilled")]
+    moved = {m["old"]: m["new"] for m in rec.replaced}
+    assert set(moved) == {a.worker, b.worker}, rec.replaced
+    assert spare in moved.values()  # the job's spare first, then an idle pool worker
+    assert len(set(moved.values())) == 2 and not set(moved.values()) & {r.worker for r in j1.mesh.ranks}
+    completed(rec)
+    same_coordinates(j1, j, moved)
+    assert_curve(stack, j, want, exact=True)
+
+
+# -- 7 ------------------------------------------------------------------------------------
+def test_sigkill_during_checkpoint_save(stack, uninterrupted):
+    spec = mesh_spec("chaos-save")
+    want = uninterrupted(spec)
+    w, j1 = start(stack, spec)
+    victim = rank(j1, 1)
+    path = metrics_path(stack, j1, 1)
+    save_after = 2 * EVERY - 1  # the step whose end starts the async save of step 10
+    wait_record(path, at_step(save_after), 120, f"rank 1 at step {save_after}")
+    kill(victim.pid)  # at once: the save of step 10 is in flight on this rank
+    own = records(path)
+    assert not [r for r in own if r.get("event") == "checkpoint" and r["step"] == 2 * EVERY], (
+        "precondition: the victim had already finished the save of step 10 when it was killed")
+    assert max(r["step"] for r in own if "step" in r and "event" not in r) == save_after
+    j = w.finish()
+    succeeded(stack, j)
+    rec = only_recovery(j, "TrainerKilled", "replace")
+    completed(rec)
+    assert rec.resumed_step in (EVERY, 2 * EVERY), rec  # a committed one, never a torn one
+    assert_curve(stack, j, want, exact=True)
+
+
+# -- 8 ------------------------------------------------------------------------------------
+def test_controller_killed_during_recovery(stack, uninterrupted):
+    spec = mesh_spec("chaos-ctl")
+    want = uninterrupted(spec)
+    w, j1 = start(stack, spec)
+    victim = rank(j1, 1)
+    wait_record(metrics_path(stack, j1, 1), at_step(KILL_AT), 120, f"rank 1 at step {KILL_AT}")
+    kill(victim.pid)
+    mid = w.until(lambda j: j.restarts >= 1 or j.phase == "Recovering", 60, "the recovery to start",
+                  every=0.02)
+    old = stack.controller
+    old.proc.kill(signal.SIGKILL)
+    assert not old.proc.alive()
+    stack.use(stack.start_controller())
+    j = w.finish()
+    succeeded(stack, j)
+    rec = only_recovery(j, "TrainerKilled", "replace")
+    completed(rec)
+    assert mid.recoveries and mid.recoveries[0].completed_at is None, "killed after the recovery ended"
+    sources = {e.source for e in events(stack, j.id) if e.reason == "Recovered"}
+    assert sources and not any(f"-{old.proc.pid}-" in s for s in sources), sources
+    assert_curve(stack, j, want, exact=True)
+
+
+# -- 9 ------------------------------------------------------------------------------------
+def test_no_spare_dp_shrinks_then_grows_back(stack, uninterrupted):
+    spec = mesh_spec("chaos-shrink", parallel={"dp": 4, "tp": 2}, train={"global_batch": 24},
+                     spares=0)
+    want = uninterrupted(spec)
+    w, j1 = start(stack, spec)
+    assert len({r.worker for r in j1.mesh.ranks}) == WORKERS and not j1.mesh.spares
+    victim = rank(j1, 5)  # dp=2, tp=1
+    wait_record(metrics_path(stack, j1, 5), at_step(KILL_AT), 180, f"rank 5 at step {KILL_AT}")
+    stack.kill_worker(victim.worker, [victim.pid])
+    shrunk = w.until(lambda j: j.generation >= 2 and j.mesh.shape.dp == 3, 120, "dp to shrink to 3")
+    rec = shrunk.recoveries[0]
+    assert (rec.cause, rec.action, rec.to_shape) == ("WorkerDead", "shrink", [3, 1, 2]), rec
+    assert victim.worker not in {r.worker for r in shrunk.mesh.ranks}
+    assert shrunk.condition("Recovering").reason in ("ShrinkingDP", "Recovered")
+    stack.restart_agent(victim.worker)
+    j = w.finish(400)
+    succeeded(stack, j)
+    assert [(r.cause, r.action) for r in j.recoveries] == [("WorkerDead", "shrink"), ("CapacityReturned", "grow")]
+    assert j.restarts == 1 and j.generation == 3  # the grow is planned: not a restart
+    grow = j.recoveries[1]
+    assert grow.to_shape == [4, 1, 2] and j.mesh.shape.dp == 4
+    for r in j.recoveries:
+        completed(r)
+    assert grow.steps_lost == 0  # at a checkpoint boundary
+    assert len(j.mesh.ranks) == 8
+    assert_curve(stack, j, want, exact=False)
+
+
+# -- max_restarts ---------------------------------------------------------------------------
+def test_max_restarts_zero_fails_on_first_fault(stack):
+    spec = tiny_spec("chaos-max", train={"steps": 200}, fault_tolerance={"spares": 1, "max_restarts": 0})
+    w, j1 = start(stack, spec)
+    victim = rank(j1, 1)
+    wait_record(metrics_path(stack, j1, 1), at_step(2), 120, "rank 1 at step 2")
+    kill(victim.pid)
+    j = w.finish(60)
+    assert j.phase == "Failed"
+    failed = j.condition("Failed")
+    assert (failed.status, failed.reason) == ("True", "ReachedMaxRestarts"), failed
+    assert "max_restarts is 0" in failed.message
+    assert j.generation == 1
+    assert "ReachedMaxRestarts" in reasons(stack, j.id)
+    pids = [r.pid for r in j1.mesh.ranks]
+    wait_until(lambda: not process_groups_alive(pids), 20, "every trainer of the job to stop")

@@ -1,0 +1,222 @@
+"""The local stack the integration and chaos tests run against: a real redis-server on a
+free port, real controller processes (uvicorn), real agents with warm trainers, real HTTP.
+Nothing is mocked.
+
+One stack (Redis with AOF, a controller, 8 agents) is shared by the whole session (the
+fixtures live in tests/conftest.py) because starting agents means importing torch in their
+warm trainers; each test gets it idle and healthy (`stack` fixture), and tests that kill a
+controller, Redis or a worker leave it whole again.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import redis
+
+from services.client import ApiError, Client
+from services.procs import free_port, signal_group, stop_all
+from services.store import Store, wait_for_redis
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+ENV.pop("REDIS_URL", None)
+ENV.pop("MESHKEEPER_URL", None)
+WORKERS = 8
+
+
+def wait_until(fn: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> Any:
+    """Poll `fn` until it returns something truthy; fail naming `what` and the last value."""
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+        except (ApiError, redis.RedisError) as e:  # a component restarting: keep polling
+            last = e
+        else:
+            if last:
+                return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+
+
+class Proc:
+    """A child in its own process group, its output in a log file."""
+
+    def __init__(self, name: str, argv: list[str], log_dir: Path):
+        self.name, self.log = name, log_dir / f"{name}.log"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as out:
+            self.p = subprocess.Popen(argv, cwd=ROOT, env=ENV, stdin=subprocess.DEVNULL, stdout=out,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.p.pid
+
+    def alive(self) -> bool:
+        return self.p.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        signal_group(self.p, sig)
+        if sig == signal.SIGKILL:
+            self.p.wait()
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        stop_all([self.p], grace_s)
+
+    def tail(self, n: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
+
+
+class RedisServer:
+    """redis-server on a free port; AOF with fsync on every write, so a SIGKILL loses nothing."""
+
+    def __init__(self, work: Path):
+        self.work, self.port = work, free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: Proc | None = None
+
+    def start(self) -> None:
+        exe = shutil.which("redis-server") or "/usr/bin/redis-server"
+        self.proc = Proc("redis", [exe, "--port", str(self.port), "--bind", "127.0.0.1",
+                                   "--dir", str(self.work), "--save", "", "--appendonly", "yes",
+                                   "--appendfsync", "always"], self.work)
+        store = Store(self.url)
+        try:
+            wait_for_redis(store, 20)
+        finally:
+            store.close()
+
+    def kill(self) -> None:
+        self.proc.kill(signal.SIGKILL)
+
+
+class Controller:
+    def __init__(self, redis_url: str, log_dir: Path, name: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = Proc(name, [sys.executable, "-m", "controller", "--port", str(self.port),
+                                "--redis-url", redis_url, "--log-level", "info"], log_dir)
+        with Client(self.url, timeout=2) as c:
+            wait_until(lambda: c.ready() or not self.proc.alive(), 30, f"{name} to answer /readyz")
+        assert self.proc.alive(), self.proc.tail()
+
+    def health(self) -> dict:
+        with Client(self.url, timeout=2) as c:
+            return c.http.get("/healthz").json()
+
+
+class Stack:
+    def __init__(self, work: Path):
+        self.work = work
+        self.redis = RedisServer(work / "redis")
+        self.redis.work.mkdir(parents=True)
+        self.redis.start()
+        self.store = Store(self.redis.url)
+        self.controllers: list[Controller] = []
+        self.controller = self.start_controller()
+        self.agents = {f"w{i}": self._agent(f"w{i}") for i in range(WORKERS)}
+        self.client = Client(self.controller.url)
+
+    def start_controller(self) -> Controller:
+        c = Controller(self.redis.url, self.work / "logs", f"controller-{len(self.controllers)}")
+        self.controllers.append(c)
+        return c
+
+    def use(self, c: Controller) -> None:
+        """Point the shared client at another controller replica."""
+        self.controller = c
+        self.client.close()
+        self.client = Client(c.url)
+
+    def _agent(self, wid: str) -> Proc:
+        return Proc(f"agent-{wid}", [sys.executable, "-m", "worker", "--redis-url", self.redis.url,
+                                     "--id", wid, "--address", "127.0.0.1", "--metrics-port", "0",
+                                     "--run-dir", str(self.work / "workers" / wid),
+                                     "--checkpoint-root", str(self.work / "checkpoints")],
+                    self.work / "logs")
+
+    def restart_agent(self, wid: str) -> Proc:
+        """A new agent process with the same worker id (a returning host)."""
+        self.agents[wid] = self._agent(wid)
+        return self.agents[wid]
+
+    def kill_worker(self, wid: str, trainer_pids: list[int] = ()) -> None:
+        """A whole worker dies at once, as a host would: SIGKILL to the agent's process group
+        and to every trainer's (trainers run in sessions of their own), back to back."""
+        agent = self.agents[wid]
+        for pgid in [agent.pid, *trainer_pids]:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        agent.p.wait()
+
+    def idle_workers(self) -> list[str]:
+        return [w.id for w in self.client.workers() if w.alive and w.state == "idle" and not w.job]
+
+    def healthy(self) -> None:
+        """Every part up and every worker idle (restarting what a failed test left broken)."""
+        if not self.redis.proc.alive():
+            self.redis.start()
+        if not self.controller.proc.alive():
+            self.use(self.start_controller())
+        for wid, a in self.agents.items():
+            if not a.alive():
+                self.agents[wid] = self._agent(wid)
+        for j in self.client.jobs(limit=1000):
+            if j.phase in ("Pending", "Running", "Recovering"):
+                self.client.cancel(j.id)
+        wait_until(lambda: len(self.idle_workers()) == WORKERS, 90, f"all {WORKERS} workers idle")
+
+    def job_dir(self, wid: str, job: str, generation: int = 1) -> Path:
+        return self.work / "workers" / wid / "jobs" / job / f"g{generation}"
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {c.proc.name}\n{c.proc.tail(1500)}" for c in self.controllers)
+
+    def close(self) -> None:
+        self.client.close()
+        stop_all([a.p for a in self.agents.values()], 10)
+        stop_all([c.proc.p for c in self.controllers], 5)
+        stop_all([self.redis.proc.p], 5)
+        self.store.close()
+
+
+def tiny_spec(name: str, **sections: dict) -> dict:
+    """A tiny-preset job (4 layers, d_model 64): seconds per run on 2 CPU cores."""
+    spec = {"name": name, "model": {"preset": "tiny"}, "data": {"source": "synthetic", "seed": 7},
+            "parallel": {"dp": 2},
+            "train": {"steps": 12, "global_batch": 16, "lr": 3e-3, "warmup_steps": 2}}
+    for k, v in sections.items():
+        spec[k] = {**spec.get(k, {}), **v}
+    return spec
+
+
+def wait_phase(client: Client, job: str, phases: tuple[str, ...], timeout: float):
+    return wait_until(lambda: (j := client.job(job)).phase in phases and j, timeout,
+                      f"job {job} to reach {phases}")
+
+
+def process_groups_alive(pids: list[int]) -> list[int]:
+    """Processes still alive (not zombies) whose process group is one of `pids`."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        state, pgrp = fields[0], int(fields[2])
+        if pgrp in pids and state != "Z":
+            out.append(int(d.name))
+    return out
