@@ -14,7 +14,7 @@ from controller.conditions import PHASES
 from controller.jobs import Job
 from controller.ranks import rank_view, summarize
 from services.assignment import RANK_STATES, Assignment
-from services.store import Store, loads
+from services.store import Store
 
 # The states the dashboard and the alerts name, always exported (as 0) so they exist;
 # `straggler` is set by the health loop; any other state a rank reports is exported too.
@@ -53,7 +53,7 @@ class JobFamilies:
     def families(self):
         return list(vars(self).values())
 
-    def add(self, store: Store, job: Job, raw: dict[str, str], now: float, alive: set[str]) -> None:
+    def add(self, store: Store, job: Job, now: float, alive: set[str]) -> None:
         jid = [job.id]
         spec = job.spec
         asg = Assignment.from_fields(store.job_assignment(job.id)) if job.generation else None
@@ -70,12 +70,12 @@ class JobFamilies:
         self.tokens.add_metric(jid, job.step * tr.get("global_batch", 0) * model.get("seq_len", 0))
         if job.tokens_per_s is not None:
             self.tps.add_metric(jid, job.tokens_per_s)
-        states = Counter(r["state"] for r in ranks)
+        states = Counter(_state(r, job) for r in ranks)
         for s in dict.fromkeys((*RANK_STATE_LABELS, *states)):
             self.ranks.add_metric([job.id, s], states.get(s, 0))
         self.spares.add_metric(jid, len(asg.spares) if asg else 0)
         self._checkpoint(job, store.checkpoint(job.id), now)
-        self._recoveries(job, loads(raw.get("recoveries"), []), now)
+        self._recoveries(job, now)
         if job.started_at and job.step_s and now > job.started_at:
             # steps redone after a restore are not counted twice: job.step never goes back
             self.goodput.add_metric(jid, min(1.0, job.step * job.step_s / (now - job.started_at)))
@@ -91,13 +91,15 @@ class JobFamilies:
         if every and job.step_s:
             self.ckpt_every.add_metric(jid, every * job.step_s)
 
-    def _recoveries(self, job: Job, records: list, now: float) -> None:
-        """Restarts by cause from the records; restarts the job counts beyond its records (an
-        older controller, a trimmed list) are `unknown`, so the sum is the job's count."""
+    def _recoveries(self, job: Job, now: float) -> None:
+        """Restarts that count against max_restarts, by cause, from the records (growing dp
+        back is a planned restart and does not count); restarts the job counts beyond its
+        records (a trimmed list) are `unknown`, so the sum is always the job's count."""
         jid = [job.id]
-        records = [r for r in records if isinstance(r, dict)] if isinstance(records, list) else []
-        causes = Counter(str(r.get("cause") or "unknown") for r in records)
-        causes["unknown"] += max(0, job.restarts - len(records))
+        records = [r for r in job.recoveries if isinstance(r, dict)]
+        faults = [r for r in records if r.get("action") != "grow"]
+        causes = Counter(str(r.get("cause") or "unknown") for r in faults)
+        causes["unknown"] += max(0, job.restarts - len(faults))
         for cause, n in causes.items():
             if n:
                 self.restarts.add_metric([job.id, cause], n)
@@ -109,3 +111,12 @@ class JobFamilies:
         cond = job.condition("Recovering")
         if job.phase == "Recovering" and cond and cond.get("lastTransitionTime"):
             self.recovering.add_metric(jid, max(0.0, now - float(cond["lastTransitionTime"])))
+
+
+def _state(rank: dict, job: Job) -> str:
+    """A running rank the controller flagged as a straggler in this generation (reported, not
+    replaced: straggler.action is report, or no spare was free) counts as `straggler`."""
+    f = job.flagged or {}
+    if rank["state"] == "running" and f.get("rank") == rank["rank"] and f.get("generation") == job.generation:
+        return "straggler"
+    return rank["state"]

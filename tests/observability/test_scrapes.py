@@ -4,6 +4,9 @@ they are gone once it ends."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+
 from tests.integration.conftest import tiny_spec, wait_until
 from tests.observability.exposition import check_metrics, families, samples, value
 
@@ -55,15 +58,12 @@ def test_running_job_scrapes_pass_promtool_and_drop_the_job_when_it_ends(obs, pr
 def test_http_service_discovery_lists_every_agent_for_prometheus(obs, promtool, tmp_path):
     """promtool runs Prometheus' own HTTP SD against the controller: every agent is a target,
     with its worker id, at the port it serves metrics on."""
-    import json
-    import subprocess
-
     config = tmp_path / "prometheus.yml"
     config.write_text(json.dumps({"scrape_configs": [{
         "job_name": "meshkeeper-worker",
         "http_sd_configs": [{"url": f"{obs.controller.url}/v1/sd/workers", "refresh_interval": "5s"}]}]}))
     out = subprocess.run([promtool, "check", "service-discovery", str(config), "meshkeeper-worker",
-                          "--timeout=20s"], capture_output=True, text=True, timeout=60)
+                          "--timeout=3s"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     found = {t["labels"]["worker"]: t["labels"]["__address__"] for t in json.loads(out.stdout)}
     assert found == {w: f"127.0.0.1:{p}" for w, p in obs.metrics_ports.items()}

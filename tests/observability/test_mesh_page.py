@@ -1,0 +1,80 @@
+"""The mesh page in headless Chromium against a real running job: every rank is drawn at its
+(dp, pp, tp) cell; when a rank's trainer is killed its cell leaves the healthy state, the
+timeline shows the failure, and then the recovery, after which the cell is healthy again.
+Screenshots land in the test's tmp dir (mesh-running.png, mesh-failed.png, mesh-recovered.png)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tests.integration.conftest import tiny_spec, wait_until
+
+SHAPE = {"dp": 2, "pp": 2, "tp": 1}
+CELLS = """return [...document.querySelectorAll('#mesh .cell')].map(c => ({
+    rank: c.dataset.rank, state: c.dataset.state, coord: c.dataset.coord, worker: c.dataset.worker}))"""
+TIMELINE = """return [...document.querySelectorAll('#timeline li')].map(li => ({
+    reason: li.dataset.reason, warning: li.classList.contains('warning'), text: li.textContent}))"""
+
+
+@pytest.fixture
+def browser(chromium, tmp_path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    binary, driver = chromium
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = binary
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run",
+                f"--user-data-dir={tmp_path / 'chromium'}", "--window-size=1400,1000"):
+        opts.add_argument(arg)
+    b = webdriver.Chrome(service=Service(driver), options=opts)
+    yield b
+    b.quit()
+
+
+def test_mesh_page_follows_a_killed_rank_through_its_recovery(obs, browser, tmp_path):
+    spec = tiny_spec("obs-mesh", parallel={**SHAPE, "microbatches": 2}, train={"steps": 2000},
+                     checkpoint={"every_steps": 5}, fault_tolerance={"spares": 1})
+    job = obs.client.submit(spec).id
+    try:
+        status = wait_until(lambda: (j := obs.client.job(job)).mesh.ranks and all(
+            r.state == "running" for r in j.mesh.ranks) and j, 120, "all 4 ranks running")
+        browser.get(f"{obs.controller.url}/ui/?interval=250#/jobs/{job}")
+
+        # every rank at its coordinate, healthy, and the spare drawn apart
+        def healthy_mesh():
+            cells = browser.execute_script(CELLS)
+            ranks = [c for c in cells if c["rank"]]
+            return cells if len(ranks) == 4 and all(c["state"] == "healthy" for c in ranks) else None
+        cells = wait_until(healthy_mesh, 30, "4 healthy rank cells on the page")
+        want = {(str(r.rank), f"{r.coord.dp},{r.coord.pp},{r.coord.tp}", r.worker) for r in status.mesh.ranks}
+        assert {(c["rank"], c["coord"], c["worker"]) for c in cells if c["rank"]} == want
+        assert [c["worker"] for c in cells if c["state"] == "spare"] == status.mesh.spares
+        browser.save_screenshot(str(tmp_path / "mesh-running.png"))
+
+        # a checkpoint to come back to, then kill rank 3's trainer
+        wait_until(lambda: obs.client.job(job).last_checkpoint, 120, "a committed checkpoint")
+        victim = next(r for r in obs.client.job(job).mesh.ranks if r.rank == 3)
+        os.kill(victim.pid, signal.SIGKILL)
+
+        def victim_state():
+            return next((c["state"] for c in browser.execute_script(CELLS) if c["rank"] == "3"), None)
+        seen = wait_until(lambda: (s := victim_state()) != "healthy" and s, 30,
+                          "rank 3's cell to leave the healthy state")
+        assert seen in ("dead", "recovering", "starting"), seen
+        failure = wait_until(lambda: [e for e in browser.execute_script(TIMELINE)
+                                      if e["warning"] and "rank 3 " in e["text"]], 30,
+                             "a warning about rank 3 in the timeline")
+        browser.save_screenshot(str(tmp_path / "mesh-failed.png"))
+
+        wait_until(lambda: any(e["reason"] == "Recovered" for e in browser.execute_script(TIMELINE)), 180,
+                   "the Recovered event in the timeline")
+        wait_until(lambda: victim_state() == "healthy", 30, "rank 3's cell healthy again")
+        browser.save_screenshot(str(tmp_path / "mesh-recovered.png"))
+        assert failure, failure
+    finally:
+        obs.client.cancel(job)
