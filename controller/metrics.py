@@ -19,7 +19,6 @@ from controller.conditions import PHASES, TERMINAL
 from controller.jobs import Job
 from controller.metrics_jobs import JobFamilies
 from controller.metrics_recovery import RecoveryFeed
-from services.store import loads
 
 if TYPE_CHECKING:
     from controller.service import Controller
@@ -92,12 +91,11 @@ class _RedisCollector:
         # jobs that ended since the last scrape are read once more for their last recoveries
         wanted = list(dict.fromkeys([*open_ids, *(self.recoveries.tracked & set(jids))]))
         raws = store.jobs(wanted)
+        jobs = {jid: job for jid in wanted if (job := Job.from_hash(jid, raws[jid])) is not None}
         fams = JobFamilies()
         for jid in open_ids:
-            job = Job.from_hash(jid, raws[jid])
-            if job is not None:
-                fams.add(store, job, raws[jid], now, alive)
+            if jid in jobs:
+                fams.add(store, jobs[jid], now, alive)
         if self.ctl.leading:
-            self.recoveries.feed({j: loads(raws[j].get("recoveries"), []) for j in wanted},
-                                 set(open_ids))
+            self.recoveries.feed({jid: job.recoveries for jid, job in jobs.items()}, set(open_ids))
         yield from fams.families()
