@@ -38,11 +38,10 @@ class RecoveryFeed:
         last records are fed here once more, so a job that ended between scrapes loses none)."""
         for jid, recs in records.items():
             seen = self._seen.setdefault(jid, set())
-            for i, rec in enumerate(recs if isinstance(recs, list) else []):
-                key = str(rec.get("detected_at", i)) if isinstance(rec, dict) else str(i)
-                durations = rec.get("durations") if isinstance(rec, dict) else None
+            for i, rec in enumerate(r for r in recs if isinstance(r, dict)):
+                key, durations = str(rec.get("detected_at", i)), rec.get("durations")
                 if key in seen or not isinstance(durations, dict) or _sec(durations, "total_s") is None:
-                    continue
+                    continue  # seen already, or not complete yet
                 seen.add(key)
                 self._observe(str(rec.get("cause") or "unknown"), durations)
         for jid in set(self._seen) - still_open:

@@ -30,7 +30,7 @@ from services.spec import ModelSpec
 from worker import mfu
 
 if TYPE_CHECKING:
-    from worker.agent import Agent
+    from worker.agent import Agent, Run
 
 log = logging.getLogger("meshkeeper.agent")
 STEP_BUCKETS = (.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60)
@@ -77,7 +77,7 @@ class AgentMetrics:
     # -- records the agent relays ------------------------------------------------------------
     def observe(self, rec: dict) -> None:
         """One record of a trainer's metrics file (a step or an event) of the job being served."""
-        job = self.follow()
+        job = self.follow(self.agent.run if self.agent else None)
         if job is None:
             return
         event = rec.get("event")
@@ -101,9 +101,8 @@ class AgentMetrics:
     # The agent's call site today passes step records only; events need it to call observe().
     observe_step = observe
 
-    def follow(self) -> str | None:
-        """The job this worker serves now; children of a job it no longer serves are removed."""
-        run = self.agent.run if self.agent else None
+    def follow(self, run: "Run | None") -> str | None:
+        """The job of the agent's current run; children of a job it no longer serves are removed."""
         job = run.job if run else None
         with self._lock:
             if self._job is not None and self._job != job:
@@ -163,8 +162,8 @@ class _AgentCollector:
                                   "Heartbeats that could not reach Redis", value=hb.failures)
         yield GaugeMetricFamily("meshkeeper_agent_peak_flops", "Configured peak FLOP/s of one rank "
                                 "(the MFU denominator)", value=self.m.peak_flops)
-        run = agent.run
-        job = self.m.follow()
+        run = agent.run  # one read: the agent's loop may replace it meanwhile
+        job = self.m.follow(run)
         live = [p for p in run.ranks.values() if p.exit_code is None] if run else []
         yield GaugeMetricFamily("meshkeeper_agent_trainers", "Trainer processes running", value=len(live))
         labels = ["job_id", "rank"]
