@@ -70,7 +70,7 @@ class JobFamilies:
         self.tokens.add_metric(jid, job.step * tr.get("global_batch", 0) * model.get("seq_len", 0))
         if job.tokens_per_s is not None:
             self.tps.add_metric(jid, job.tokens_per_s)
-        states = Counter(_state(r, job) for r in ranks)
+        states = Counter(rank_state(r, job) for r in ranks)
         for s in dict.fromkeys((*RANK_STATE_LABELS, *states)):
             self.ranks.add_metric([job.id, s], states.get(s, 0))
         self.spares.add_metric(jid, len(asg.spares) if asg else 0)
@@ -113,7 +113,7 @@ class JobFamilies:
             self.recovering.add_metric(jid, max(0.0, now - float(cond["lastTransitionTime"])))
 
 
-def _state(rank: dict, job: Job) -> str:
+def rank_state(rank: dict, job: Job) -> str:
     """A running rank the controller flagged as a straggler in this generation (reported, not
     replaced: straggler.action is report, or no spare was free) counts as `straggler`."""
     f = job.flagged or {}
