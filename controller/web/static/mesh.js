@@ -20,8 +20,9 @@ function el(tag, attrs = {}, ...children) {
   return e;
 }
 
+// Relative to the page (/ui/ -> ..), so the page also works behind a path-prefix proxy.
 async function get(path) {
-  const r = await fetch(path, { cache: "no-store" });
+  const r = await fetch(new URL(`..${path}`, location.href), { cache: "no-store" });
   if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
   return r.json();
 }
