@@ -86,13 +86,9 @@ class FaultHandler:
         p, t = job.spec["parallel"], job.spec["train"]
         mb = asg.microbatches or p["microbatches"]
         host_of = self.hosts(asg.workers)
-        alive_spares = self.s.store.alive_among([w for w in asg.spares if w not in bad],
-                                                job.spec["fault_tolerance"]["dead_after_s"])
-        infos = self.s.store.workers(sorted(alive_spares))
-        candidates = [FreeWorker(w, host_of.get(w, "?"), infos[w].get("address", "127.0.0.1"),
-                                 int(infos[w].get("devices", 1))) for w in asg.spares if w in alive_spares]
-        candidates += [w for w in self.s.free_workers(now) if w.wid not in bad]
-        keep = [w for w in asg.spares if w in alive_spares]
+        spares = self.alive_spares(job, asg, bad, host_of)
+        candidates = spares + [w for w in self.s.free_workers(now) if w.wid not in bad]
+        keep = [w.wid for w in spares]
         layout = replace_workers(asg.shape, asg.ranks, mb, bad, candidates, keep, host_of)
         if layout is not None:
             return layout, "restart" if not bad else "replace"
@@ -143,6 +139,15 @@ class FaultHandler:
             return True
         return False
 
+    def alive_spares(self, job: Job, asg: Assignment, bad: set[str],
+                     host_of: dict[str, str]) -> list[FreeWorker]:
+        """The job's own spares that heartbeat, in assignment order."""
+        alive = self.s.store.alive_among([w for w in asg.spares if w not in bad],
+                                         job.spec["fault_tolerance"]["dead_after_s"])
+        infos = self.s.store.workers(sorted(alive))
+        return [FreeWorker(w, host_of.get(w, "?"), infos[w].get("address", "127.0.0.1"),
+                           int(infos[w].get("devices", 1))) for w in asg.spares if w in alive]
+
     def has_candidate(self, job: Job, asg: Assignment, worker: str, now: float) -> bool:
         spares = self.s.store.alive_among(asg.spares, job.spec["fault_tolerance"]["dead_after_s"])
         return bool(spares - {worker}) or bool(self.s.free_workers(now))
@@ -153,9 +158,12 @@ class FaultHandler:
         if job.dp >= job.target_dp or job.open_recovery:
             return False
         p, t = job.spec["parallel"], job.spec["train"]
-        free = self.s.free_workers(now)
+        host_of = self.hosts(asg.workers)
+        # The job's own spares first: a shrink keeps the dropped replica's healthy members as
+        # spares, so with TP or PP the returning worker alone never makes a whole replica.
+        free = self.alive_spares(job, asg, set(), host_of) + self.s.free_workers(now)
         layout = grow(asg.shape, asg.ranks, job.target_dp, t["global_batch"], p["microbatches"],
-                      p["pp_schedule"] == "interleaved_1f1b", free, self.hosts(asg.workers))
+                      p["pp_schedule"] == "interleaved_1f1b", free, host_of)
         ckpt = int(self.s.store.checkpoint(job.id).get("step") or 0)
         if layout is None:
             job.current.pop("grow_after", None)
@@ -167,9 +175,11 @@ class FaultHandler:
         if ckpt <= job.current["grow_after"]:
             return False
         record = self._record(job, ranks, "CapacityReturned", [], now)
-        layout = Layout(layout.shape, layout.ranks, layout.microbatches, {}, asg.spares)
+        used = {r.wid for r in layout.ranks}
+        layout = Layout(layout.shape, layout.ranks, layout.microbatches, {},
+                        [w for w in asg.spares if w not in used])
         record.update(action="grow", to_shape=[layout.shape.dp, layout.shape.pp, layout.shape.tp])
-        msg = (f"{len(free)} idle workers: growing dp {asg.shape.dp} -> {layout.shape.dp} after "
+        msg = (f"{len(free)} idle workers and spares: growing dp {asg.shape.dp} -> {layout.shape.dp} after "
                f"checkpoint {ckpt} (planned: not counted as a restart)")
         self._enact(job, asg, layout, record, "GrowingDP", msg, "Normal", lease, now)
         return True
