@@ -225,10 +225,27 @@ def gone(pid: int) -> bool:
 
 
 def pin(pid: int, cpu: int) -> None:
-    """Every thread of `pid` onto one CPU (sched_setaffinity(pid) moves only that thread)."""
+    """Every thread of `pid` onto one CPU (sched_setaffinity acts on one thread)."""
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             os.sched_setaffinity(int(task.name), {cpu})
+        except (ProcessLookupError, OSError):
+            pass
+
+
+def deprioritize(pid: int, nice: int) -> None:
+    """Lower `pid`'s CPU weight against everything else. With autogroup scheduling (the
+    default on desktop-style kernels, and on this project's VMs) CPU time is shared between
+    sessions first, and a thread's nice only counts inside its session: the trainer runs in a
+    session of its own, so its session's nice is what takes effect; the threads' nice covers
+    kernels without autogroup."""
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+    except OSError:
+        pass
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
         except (ProcessLookupError, OSError):
             pass
 

@@ -14,9 +14,9 @@ import signal
 
 import pytest
 
-from tests.chaos.chaos import (EVERY, Hogs, Watch, assert_curve, at_step, completed, events, gone,
-                               kill, mesh_spec, metrics_path, pin, rank, records, succeeded,
-                               wait_record)
+from tests.chaos.chaos import (EVERY, Hogs, Watch, assert_curve, at_step, completed, deprioritize,
+                               events, gone, kill, mesh_spec, metrics_path, pin, rank, records,
+                               succeeded, wait_record)
 from tests.stack import WORKERS, process_groups_alive, tiny_spec, wait_until
 
 pytestmark = pytest.mark.slow
@@ -144,19 +144,27 @@ def test_sigstop_hung_rank_is_replaced_and_fenced_after_sigcont(stack, uninterru
     assert_curve(stack, j, want, exact=True)
 
 
-# -- 5 ------------------------------------------------------------------------------------
+# -- 5 --------------------------------------------------------------------------------------
 def test_cpu_contention_straggler_is_replaced(stack, uninterrupted):
-    spec = mesh_spec("chaos-slow", steps=40, parallel={"dp": 2},
-                     straggler={"slowdown": 1.5, "window_steps": 6, "action": "replace"})
+    """dp=3, so the median is a healthy rank. The healthy ranks share one CPU; the victim has
+    the other, with two busy loops that outweigh it (its session runs at nice 10): its compute
+    time (on CPU plus queued for it) grows ~20x. Plain equal-weight hogs are not enough on a
+    shared host: the foreign load they push onto the healthy ranks' CPU slows those ~3x too
+    (seen), and with dp=2 the median is the mean of victim and healthy rank."""
+    spec = mesh_spec("chaos-slow", steps=40, parallel={"dp": 3}, train={"global_batch": 24},
+                     straggler={"slowdown": 1.5, "window_steps": 5, "action": "replace"})
     want = uninterrupted(spec)
     w, j1 = start(stack, spec)
-    fast, victim, spare = rank(j1, 0), rank(j1, 1), j1.mesh.spares[0]
+    victim, spare = rank(j1, 1), j1.mesh.spares[0]
     cpus = sorted(os.sched_getaffinity(0))
-    assert len(cpus) >= 2, "needs two CPUs: one per rank"
-    pin(fast.pid, cpus[0])
-    pin(victim.pid, cpus[1])
-    hogs = Hogs(cpus[1], 4)  # the victim gets ~1/5 of its CPU
+    assert len(cpus) >= 2, "needs two CPUs: one for the healthy ranks, one for the victim"
+    for r in j1.mesh.ranks:
+        if r.rank != victim.rank:
+            pin(r.pid, cpus[0])
+    hogs = Hogs(cpus[1], 2)
     try:
+        pin(victim.pid, cpus[1])
+        deprioritize(victim.pid, 10)
         j = w.until(lambda j: j.generation >= 2, 180, "the straggler to be replaced")
     finally:
         hogs.stop()
@@ -168,12 +176,16 @@ def test_cpu_contention_straggler_is_replaced(stack, uninterrupted):
     completed(rec)
     same_coordinates(j1, j, {victim.worker: spare})
     flagged = [e.message for e in events(stack, j.id) if e.reason == "StragglerDetected"]
-    assert not flagged, flagged  # no healthy rank reported
+    assert not flagged, flagged  # no healthy rank reported either
     assert_curve(stack, j, want, exact=True)
 
 
-# -- 6 ------------------------------------------------------------------------------------
+# -- 6 --------------------------------------------------------------------------------------
 def test_two_ranks_killed_at_once_with_one_spare(stack, uninterrupted):
+    """Both exits usually land in one controller pass: one recovery, the job's spare and an
+    idle pool worker promoted. When the agents report a pass apart, the first recovery already
+    started the next generation; the other killed rank's worker (its agent alive) then just
+    trains in it. Either way: one recovery, every blamed worker replaced, nothing else moved."""
     spec = mesh_spec("chaos-two")
     want = uninterrupted(spec)
     w, j1 = start(stack, spec)
@@ -184,13 +196,16 @@ def test_two_ranks_killed_at_once_with_one_spare(stack, uninterrupted):
     j = w.finish()
     succeeded(stack, j)
     rec = only_recovery(j, "TrainerKilled", "replace")
-    assert sorted((f["rank"], f["cause"]) for f in rec.faults) == [(1, "TrainerKilled"), (2, "TrainerKilled")]
+    blamed = {f["worker"] for f in rec.faults}
+    assert {f["cause"] for f in rec.faults} == {"TrainerKilled"} and blamed <= {a.worker, b.worker}, rec.faults
     moved = {m["old"]: m["new"] for m in rec.replaced}
-    assert set(moved) == {a.worker, b.worker}, rec.replaced
+    assert set(moved) == blamed, (rec.replaced, rec.faults)
     assert spare in moved.values()  # the job's spare first, then an idle pool worker
-    assert len(set(moved.values())) == 2 and not set(moved.values()) & {r.worker for r in j1.mesh.ranks}
+    assert len(set(moved.values())) == len(moved)
+    assert not set(moved.values()) & {r.worker for r in j1.mesh.ranks}
     completed(rec)
     same_coordinates(j1, j, moved)
+    assert gone(a.pid) and gone(b.pid)
     assert_curve(stack, j, want, exact=True)
 
 
@@ -255,6 +270,7 @@ def test_no_spare_dp_shrinks_then_grows_back(stack, uninterrupted):
     assert (rec.cause, rec.action, rec.to_shape) == ("WorkerDead", "shrink", [3, 1, 2]), rec
     assert victim.worker not in {r.worker for r in shrunk.mesh.ranks}
     assert shrunk.condition("Recovering").reason in ("ShrinkingDP", "Recovered")
+    returned_at = w.poll().last_checkpoint.step
     stack.restart_agent(victim.worker)
     j = w.finish(400)
     succeeded(stack, j)
@@ -264,7 +280,10 @@ def test_no_spare_dp_shrinks_then_grows_back(stack, uninterrupted):
     assert grow.to_shape == [4, 1, 2] and j.mesh.shape.dp == 4
     for r in j.recoveries:
         completed(r)
-    assert grow.steps_lost == 0  # at a checkpoint boundary
+    # at the first checkpoint committed after the worker came back (both of the dropped
+    # replica's workers train again: the returned one and its partner, kept as a spare)
+    assert grow.resumed_step > returned_at, (grow, returned_at)
+    assert {r.worker for r in j.mesh.ranks} == {r.worker for r in j1.mesh.ranks}
     assert len(j.mesh.ranks) == 8
     assert_curve(stack, j, want, exact=False)
 
