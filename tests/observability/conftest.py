@@ -18,7 +18,7 @@ import pytest
 
 from services.client import Client
 from services.procs import free_port, stop_all
-from tests.integration.conftest import Controller, Proc, RedisServer, wait_until
+from tests.stack import Controller, Proc, RedisServer, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENTS = 5

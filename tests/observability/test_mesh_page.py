@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from tests.integration.conftest import tiny_spec, wait_until
+from tests.stack import tiny_spec, wait_until
 
 SHAPE = {"dp": 2, "pp": 2, "tp": 1}
 CELLS = """return [...document.querySelectorAll('#mesh .cell')].map(c => ({

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from services import api
-from tests.integration.conftest import tiny_spec, wait_until
+from tests.stack import tiny_spec, wait_until
 from tests.observability.exposition import check_metrics, samples, value
 
 

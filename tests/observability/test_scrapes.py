@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from tests.integration.conftest import tiny_spec, wait_until
+from tests.stack import tiny_spec, wait_until
 from tests.observability.exposition import check_metrics, families, samples, value
 
 AGENT_RANK_GAUGES = ("meshkeeper_rank_step_seconds", "meshkeeper_rank_compute_seconds",
