@@ -150,4 +150,5 @@ class RankProcess:
                 "started_at": self.started_at, "exited_at": self.exited_at, **self.ready,
                 "first_step_at": self.first_step_at, "progress_at": self.progress_at,
                 "compute_avg": sum(self.computes) / len(self.computes) if self.computes else None,
+                "compute_min": min(self.computes) if self.computes else None,
                 "window_n": len(self.computes)}

@@ -151,8 +151,8 @@ def test_cpu_contention_straggler_is_replaced(stack, uninterrupted):
     time (on CPU plus queued for it) grows ~20x. Plain equal-weight hogs are not enough on a
     shared host: the foreign load they push onto the healthy ranks' CPU slows those ~3x too
     (seen), and with dp=2 the median is the mean of victim and healthy rank."""
-    spec = mesh_spec("chaos-slow", steps=40, parallel={"dp": 3}, train={"global_batch": 24},
-                     straggler={"slowdown": 1.5, "window_steps": 5, "action": "replace"})
+    spec = mesh_spec("chaos-slow", parallel={"dp": 3}, train={"global_batch": 24},
+                     straggler={"slowdown": 1.5, "window_steps": 6, "action": "replace"})
     want = uninterrupted(spec)
     w, j1 = start(stack, spec)
     victim, spare = rank(j1, 1), j1.mesh.spares[0]
