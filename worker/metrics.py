@@ -99,7 +99,6 @@ class AgentMetrics:
             self.restore_seconds.labels(job).observe(v)
 
     # The agent's call site today passes step records only; events need it to call observe().
-    observe_step = observe
 
     def follow(self, run: "Run | None") -> str | None:
         """The job of the agent's current run; children of a job it no longer serves are removed."""

@@ -60,8 +60,6 @@ def test_the_controller_counts_a_recovery_once_under_its_cause(obs_stack, recove
             assert value(text, "meshkeeper_recovery_phase_duration_seconds_count", phase=phase) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="worker/agent.py passes only step records to the metrics; "
-                   "calling metrics.observe(rec) for every record makes this pass: remove the marker")
 def test_the_agents_time_checkpoint_saves_and_the_restore(obs_stack, recovered):
     scrapes = [obs_stack.scrape(r.worker) for r in recovered.status.mesh.ranks]
     job = recovered.job
