@@ -23,7 +23,7 @@ from tests.stack import ROOT, Stack, process_groups_alive, tiny_spec, wait_until
 
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
 TRAINING = ("model", "data", "parallel", "train", "checkpoint")  # what decides the numbers
-STEPS, EVERY = 30, 5
+STEPS, EVERY = 25, 5
 
 
 def mesh_spec(name: str, *, steps: int = STEPS, parallel: dict | None = None,

@@ -21,7 +21,7 @@ from tests.stack import WORKERS, process_groups_alive, tiny_spec, wait_until
 
 pytestmark = pytest.mark.slow
 
-KILL_AT = 10  # steps into generation 1 (of 30): past two commits, well before the end
+KILL_AT = 8  # steps into generation 1 (of 25): past the first commit, well before the end
 
 
 def start(stack, spec) -> tuple[Watch, object]:
@@ -117,11 +117,6 @@ def test_sigkill_rendezvous_host(stack, uninterrupted):
 
 
 # -- 4 --------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "SIGSTOP of one rank freezes every rank of a synchronous job (the others block in its "
-    "collectives), so health.stalled() sees all ranks frozen and restarts the job in place "
-    "(JobStalled, action restart) on the same workers instead of replacing the stopped one; "
-    "progress alone cannot tell the stopped rank from the waiting ones"))
 def test_sigstop_hung_rank_is_replaced_and_fenced_after_sigcont(stack, uninterrupted):
     spec = mesh_spec("chaos-hang", hang_after_s=6)
     want = uninterrupted(spec)
@@ -306,7 +301,9 @@ def test_no_spare_dp_shrinks_then_grows_back(stack, uninterrupted):
     w, j1 = start(stack, spec)
     assert len({r.worker for r in j1.mesh.ranks}) == WORKERS and not j1.mesh.spares
     victim = rank(j1, 5)  # dp=2, tp=1
-    wait_record(metrics_path(stack, j1, 5), at_step(KILL_AT), 180, f"rank 5 at step {KILL_AT}")
+    # early, so that however fast the steps, the shrunk job still has checkpoints to come
+    # after the worker returns (it returns as soon as the shrink is decided)
+    wait_record(metrics_path(stack, j1, 5), at_step(EVERY + 1), 180, f"rank 5 at step {EVERY + 1}")
     stack.kill_worker(victim.worker, [victim.pid])
     shrunk = w.until(lambda j: j.generation >= 2 and j.mesh.shape.dp == 3, 120, "dp to shrink to 3")
     rec = shrunk.recoveries[0]

@@ -110,16 +110,21 @@ def test_redis_restart_mid_job(stack):
 @pytest.mark.slow
 def test_agent_restarted_with_its_id_does_not_rejoin_the_old_world(stack):
     """Its trainers died with it; the restarted agent reports those ranks failed instead of
-    starting new ones into the running world's rendezvous (no recovery yet: the job fails)."""
+    starting new ones into the running world's rendezvous. The controller then recovers the job
+    into a new generation (fault tolerance; before it, the job failed here)."""
     jid = stack.client.submit(tiny_spec("orphan", train={"steps": 100000})).id
     j = wait_until(lambda: (j := stack.client.job(jid)).step >= 2 and j, 120, "training")
     victim = next(r for r in j.mesh.ranks if r.rank == 1)
-    pids = [r.pid for r in j.mesh.ranks]
     stack.agents[victim.worker].kill(signal.SIGKILL)
     wait_until(lambda: not process_groups_alive([victim.pid]), 10, "its trainer to die with it")
     stack.agents[victim.worker] = stack._agent(victim.worker)
-    done = wait_phase(stack.client, jid, ("Failed",), 30)
-    failed = done.condition("Failed")
-    assert failed.reason == "TrainerFailed" and "agent restarted" in failed.message, failed
-    assert f"rank 1 (dp=1 pp=0 tp=0) on worker {victim.worker}" in failed.message
-    wait_until(lambda: not process_groups_alive(pids), 15, "every trainer of the job to stop")
+    j2 = wait_until(lambda: (j := stack.client.job(jid)).generation >= 2 and j.step > 0
+                    and all(r.state == "running" for r in j.mesh.ranks) and j, 120,
+                    "the job to train again in a new generation")
+    assert j2.restarts >= 1 and j2.recoveries[0].from_generation == 1
+    assert j2.recoveries[0].cause in ("WorkerDead", "TrainerFailed"), j2.recoveries[0]
+    started = [e for e in stack.client.events(jid, limit=1000)
+               if e.reason == "TrainerStarted" and e.source == f"agent/{victim.worker}"]
+    assert [e.generation for e in started].count(1) == 1, started  # only the first agent's
+    stack.client.cancel(jid)
+    wait_phase(stack.client, jid, ("Cancelled",), 30)
