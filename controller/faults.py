@@ -44,7 +44,7 @@ class FaultHandler:
             self.s.finish(job, asg, ranks, "Failed", "TrainerFailed", why, lease, now)
             return True
         faults = (health.dead_or_killed(ranks, seen, ft["dead_after_s"], now)
-                  or health.stalled(health.hung(ranks, ft["hang_after_s"], now), len(ranks))
+                  or health.hangs(ranks, ft["hang_after_s"], now)
                   or health.collateral_only(ranks, now))
         if faults:
             self.recover(job, asg, ranks, faults, lease, now)

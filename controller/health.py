@@ -17,6 +17,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from services.assignment import FROZEN_PROC_STATES
+
 STARTUP_GRACE_S = 300.0  # per start-up milestone (import, rendezvous, restore): loaded hosts are slow
 DETERMINISTIC_EXITS = {2: "invalid spec or data", 3: "non-finite loss or gradient"}
 BLAMELESS = ("TrainerFailed", "JobStalled")  # restart the same workers: none is at fault
@@ -85,13 +87,30 @@ def hung(ranks: list[dict], hang_after_s: float, now: float) -> list[Fault]:
     return out
 
 
-def stalled(hung_faults: list[Fault], world: int) -> list[Fault]:
-    """Every rank frozen at once is a job-wide stall (slow storage, a stuck collective after
-    a network blip), not one bad rank: restart in place rather than blame every worker."""
-    if hung_faults and len({f.rank for f in hung_faults}) == world:
-        f = min(hung_faults, key=lambda f: f.fault_at)
-        return [Fault("JobStalled", f.rank, f.worker, f.coord, f.fault_at, f"all {world} ranks: {f.detail}")]
-    return hung_faults
+def hangs(ranks: list[dict], hang_after_s: float, now: float) -> list[Fault]:
+    """Hung ranks, blamed with care: in synchronous training one frozen rank freezes all the
+    others (they wait for it in a collective), so progress alone cannot tell which it is.
+    - A rank whose process cannot run (stopped, stuck in I/O) is the cause.
+    - Every rank frozen and none of them stopped: a job-wide stall (slow storage, a
+      collective stuck after a network blip): restart in place rather than blame everyone.
+    - Only some frozen: the others are about to freeze too; blame the frozen ones only if
+      the rest still progress after twice the bound (truly independent hangs)."""
+    found = hung(ranks, hang_after_s, now)
+    if not found:
+        return []
+    by_rank = {f.rank: f for f in found}
+    frozen = [r for r in ranks if r.get("proc_state") in FROZEN_PROC_STATES
+              and r["state"] in ("starting", "running")]
+    if frozen:
+        return [Fault("RankHung", r["rank"], r["worker"], r["coord"],
+                      _num(r.get("progress_at"), now),
+                      (by_rank[r["rank"]].detail if r["rank"] in by_rank else "no progress")
+                      + f"; its process is {FROZEN_PROC_STATES[r['proc_state']]}")
+                for r in frozen]
+    if len(by_rank) == len(ranks):
+        f = min(found, key=lambda f: f.fault_at)
+        return [Fault("JobStalled", f.rank, f.worker, f.coord, f.fault_at, f"all {len(ranks)} ranks: {f.detail}")]
+    return [f for f in found if now - f.fault_at > 2 * hang_after_s]
 
 
 def straggler(ranks: list[dict], slowdown: float, window: int, now: float) -> Fault | None:

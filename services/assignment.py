@@ -19,6 +19,9 @@ from services.store import loads
 # straggler (flagged, not replaced: straggler.action report or no spare)
 RANK_STATES = ("assigned", "starting", "running", "straggler", "succeeded", "failed", "stopped", "lost")
 FINAL_RANK_STATES = ("succeeded", "failed", "stopped")
+# A trainer process in one of these kernel states cannot make progress on its own; when a
+# whole job hangs, it is the rank the others wait for (agents report `proc_state`).
+FROZEN_PROC_STATES = {"T": "stopped", "t": "stopped by a tracer", "D": "in uninterruptible I/O"}
 
 
 @dataclass(frozen=True)

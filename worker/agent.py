@@ -240,6 +240,8 @@ class Agent:
             if p.exit_code is not None:
                 continue
             code = p.proc.poll()  # read before tailing, so no line written before exit is lost
+            if code is None and p.poll_state():
+                self._dirty = True
             for rec in p.read_records():
                 self._dirty = True
                 p.absorb(rec, self._now(), self.heartbeat.clock_offset)

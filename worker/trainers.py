@@ -16,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.assignment import FROZEN_PROC_STATES
 from services.procs import stop_all
 
 log = logging.getLogger("meshkeeper.agent")
@@ -102,11 +103,24 @@ class RankProcess:
     first_step_at: float | None = None
     progress_at: float = 0.0
     computes: deque = field(default_factory=deque)
+    proc_state: str | None = None
     _offset: int = 0
     _partial: str = ""
 
     def __post_init__(self) -> None:
         self.progress_at = self.started_at
+
+    def poll_state(self) -> bool:
+        """Re-read the process's scheduler state (R, S, D, T...); True when it became or
+        stopped being frozen. A stopped (T) or I/O-stuck (D) trainer is what a job-wide
+        hang waits for; R <-> S flips every step and is not worth a report."""
+        try:
+            state = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            state = None
+        changed = (state in FROZEN_PROC_STATES) != (self.proc_state in FROZEN_PROC_STATES)
+        self.proc_state = state
+        return changed
 
     def absorb(self, rec: dict, now: float, offset: float) -> None:
         """Take one record of the trainer's metrics file; `now` is server time."""
@@ -151,4 +165,4 @@ class RankProcess:
                 "first_step_at": self.first_step_at, "progress_at": self.progress_at,
                 "compute_avg": sum(self.computes) / len(self.computes) if self.computes else None,
                 "compute_min": min(self.computes) if self.computes else None,
-                "window_n": len(self.computes)}
+                "window_n": len(self.computes), "proc_state": self.proc_state}
