@@ -35,16 +35,17 @@ class FaultHandler:
         self.s = sched
 
     # -- the pass -----------------------------------------------------------------------
-    def check(self, job: Job, asg: Assignment, ranks: list[dict], seen: dict[str, float],
+    def check(self, job: Job, asg: Assignment, ranks: list[dict], seen: dict[str, float] | None,
               lease: str, now: float) -> bool:
-        """Act on a fault or on returning capacity; True when this pass wrote the job."""
+        """Act on a fault or on returning capacity; True when this pass wrote the job. `seen`
+        None: Redis just restarted, so silence (heartbeats, progress) proves nothing yet."""
         ft = job.spec["fault_tolerance"]
         why = health.deterministic_failure(ranks)
         if why:
             self.s.finish(job, asg, ranks, "Failed", "TrainerFailed", why, lease, now)
             return True
         faults = (health.dead_or_killed(ranks, seen, ft["dead_after_s"], now)
-                  or health.hangs(ranks, ft["hang_after_s"], now)
+                  or (health.hangs(ranks, ft["hang_after_s"], now) if seen is not None else [])
                   or health.collateral_only(ranks, now))
         if faults:
             self.recover(job, asg, ranks, faults, lease, now)

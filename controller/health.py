@@ -42,10 +42,12 @@ def _num(v, default: float) -> float:
     return float(v) if isinstance(v, (int, float)) else default
 
 
-def dead_or_killed(ranks: list[dict], seen: dict[str, float], dead_after_s: float, now: float) -> list[Fault]:
+def dead_or_killed(ranks: list[dict], seen: dict[str, float] | None, dead_after_s: float,
+                   now: float) -> list[Fault]:
+    """`seen` None: heartbeats cannot be judged now (Redis itself just restarted)."""
     out = []
     for r in ranks:
-        last_beat = seen.get(r["worker"], 0.0)
+        last_beat = seen.get(r["worker"], 0.0) if seen is not None else now
         if r["state"] not in ("succeeded",) and now - last_beat > dead_after_s:
             out.append(Fault("WorkerDead", r["rank"], r["worker"], r["coord"], last_beat,
                              f"worker {r['worker']} silent for {now - last_beat:.1f}s "

@@ -172,7 +172,9 @@ class Scheduler:
             self.finish(job, asg, ranks, "Succeeded", "AllRanksSucceeded",
                         f"{len(ranks)} ranks finished {job.total_steps} steps", lease, now)
             return
-        if self.faults.check(job, asg, ranks, seen, lease, now):
+        # Right after a Redis restart every heartbeat is old: nobody could write one.
+        judge = seen if self.store.uptime_s() > dead_after + 1 else None
+        if self.faults.check(job, asg, ranks, judge, lease, now):
             return
         before = job.fields()
         job.absorb(summarize(ranks))

@@ -176,6 +176,11 @@ class Store:
         s, us = self.r.time()
         return s + us / 1e6
 
+    def uptime_s(self) -> int:
+        """Seconds since the Redis server started: heartbeats are meaningful only after the
+        server has been up for a full dead-after interval (a restart stalls every writer)."""
+        return int(self.r.info("server")["uptime_in_seconds"])
+
     # -- workers (agent side) ---------------------------------------------------------
     def register_worker(self, wid: str, info: dict[str, Any]) -> None:
         k = self.keys.worker(wid)
