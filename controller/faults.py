@@ -155,7 +155,7 @@ class FaultHandler:
 
     def maybe_grow(self, job: Job, asg: Assignment, ranks: list[dict], lease: str, now: float) -> bool:
         """Back to the target dp once a replica's worth of workers is idle, at the next
-        checkpoint boundary (so no step is lost to the disruption)."""
+        checkpoint commit: only the steps trained since that commit are redone."""
         if job.dp >= job.target_dp or job.open_recovery:
             return False
         p, t = job.spec["parallel"], job.spec["train"]
