@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import ENV, ROOT, spec_file  # noqa: E402
 from bench.control_plane import local_stack, median, percentile  # noqa: E402
+from services.procs import descendants  # noqa: E402
 
 EVERY = 5
 RESTART_TIMEOUT_S = 240.0  # above the trainer's 60 s process-group timeout: one hung attempt fits
@@ -158,24 +159,16 @@ def meshkeeper_arm(kills: int) -> tuple[list[float], list[dict]]:
 # -- torchrun arm -------------------------------------------------------------------------
 def rank_pids(launcher: int) -> dict[int, int]:
     """RANK -> pid of torchrun's live worker processes."""
-    out, todo = {}, [launcher]
-    while todo:
-        p = todo.pop()
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                kids = [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            todo += kids
-            for k in kids:
-                try:
-                    env = Path(f"/proc/{k}/environ").read_bytes().split(b"\0")
-                    state = Path(f"/proc/{k}/stat").read_text().rsplit(")", 1)[1].split()[0]
-                except OSError:
-                    continue
-                rank = next((int(e[5:]) for e in env if e.startswith(b"RANK=")), None)
-                if rank is not None and state != "Z":
-                    out[rank] = k
+    out = {}
+    for k in descendants(launcher):
+        try:
+            env = Path(f"/proc/{k}/environ").read_bytes().split(b"\0")
+            state = Path(f"/proc/{k}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        rank = next((int(e[5:]) for e in env if e.startswith(b"RANK=")), None)
+        if rank is not None and state != "Z":
+            out[rank] = k
     return out
 
 

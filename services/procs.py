@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 
@@ -57,3 +58,19 @@ def stop_all(procs: list[subprocess.Popen], grace_s: float) -> None:
     for p in procs:
         signal_group(p, signal.SIGKILL)  # also reaches children of a leader that exited
         p.wait()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from /proc (torchrun starts its ranks in sessions of
+    their own, so a process group does not reach them)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out

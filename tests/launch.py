@@ -13,6 +13,8 @@ from pathlib import Path
 
 import yaml
 
+from services.procs import descendants
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
@@ -56,21 +58,6 @@ def start_trainer(spec: dict, directory: Path, extra: list[str] = ()) -> subproc
     log = (directory / "run.log").open("a")
     return subprocess.Popen(trainer_command(spec, directory, extra), cwd=ROOT, env=ENV, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (torchrun starts its ranks in sessions of their own)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                kids = [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return out
 
 
 def kill_all(proc: subprocess.Popen) -> None:
