@@ -33,17 +33,73 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-# KEYS: lease   ARGV: 'holder:token', JSON list of commands.
-# Runs every command only while the caller still holds the lease (fencing token check),
-# all or nothing. DELIFEQ key field value: DEL key if HGET key field == value.
+# KEYS: lease, then every key the commands touch   ARGV: 'holder:token', JSON list of commands
+# Runs the commands only while the caller still holds the lease (fencing token check), all or
+# nothing. Redis does not roll a script back when a command fails midway, so everything that
+# could fail is checked before the first write: the lease, each command's verb and arguments,
+# that each key is declared in KEYS (the lease itself is not writable), and that each key
+# holds the type its command needs, as the earlier commands will have left it. A failed check
+# returns 'REFUSED command <n> (<verb> <key>): <why>' and writes nothing.
+#   HSET key field value [field value ...]      DEL key [key ...]
+#   DELIFEQ key field value: DEL key if HGET key field == value
+#   ZREM key member [member ...]                PUBLISH channel message
+#   XADD key maxlen field value [...]: XADD key MAXLEN ~ maxlen * field value ...
 FENCED_EXEC = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return redis.error_reply('FENCED lease lost')
 end
-local cmds = cjson.decode(ARGV[2])
+local ok, cmds = pcall(cjson.decode, ARGV[2])
+if not ok or type(cmds) ~= 'table' then
+  return redis.error_reply('REFUSED command list: not a JSON array')
+end
+local NEEDS = {HSET = 'hash', DELIFEQ = 'hash', ZREM = 'zset', XADD = 'stream', DEL = 'any', PUBLISH = 'any'}
+local function well_formed(c)
+  local v, n = c[1], #c
+  for i = 1, n do if type(c[i]) ~= 'string' then return false end end
+  if v == 'HSET' then return n >= 4 and n % 2 == 0 end
+  if v == 'XADD' then return n >= 5 and n % 2 == 1 and string.match(c[3], '^%d+$') ~= nil end
+  if v == 'DELIFEQ' then return n == 4 end
+  if v == 'PUBLISH' then return n == 3 end
+  return n >= (v == 'DEL' and 2 or 3)  -- DEL key..., ZREM key member...
+end
+local function last_key(c)  -- keys are c[2] .. c[last_key(c)]
+  if c[1] == 'PUBLISH' then return 1 end  -- a channel is not a key
+  if c[1] == 'DEL' then return #c end
+  return 2
+end
+local declared = {}
+for i = 2, #KEYS do declared[KEYS[i]] = true end
+declared[KEYS[1]] = nil
+local kind = {}  -- key -> the type it will hold when the command being checked runs
+local function refuse(n, c, why)
+  return redis.error_reply('REFUSED command ' .. n .. ' (' .. tostring(c[1]) .. ' ' .. tostring(c[2]) .. '): ' .. why)
+end
+for n, c in ipairs(cmds) do
+  if type(c) ~= 'table' then return refuse(n, {}, 'not a list') end
+  local need = NEEDS[c[1]]
+  if not need then return refuse(n, c, 'unknown verb; allowed: HSET DEL DELIFEQ ZREM XADD PUBLISH') end
+  if not well_formed(c) then return refuse(n, c, 'wrong number or form of arguments') end
+  for i = 2, last_key(c) do
+    local k = c[i]
+    if not declared[k] then
+      return refuse(n, c, 'key ' .. k .. ' is not declared in KEYS (pass every key the commands touch)')
+    end
+    if need ~= 'any' then
+      if kind[k] == nil then kind[k] = redis.call('TYPE', k)['ok'] end
+      if kind[k] ~= 'none' and kind[k] ~= need then
+        return refuse(n, c, 'key ' .. k .. ' holds a ' .. kind[k] .. ', ' .. c[1] .. ' needs a ' .. need)
+      end
+    end
+    -- HSET and XADD create their type; DEL empties; DELIFEQ and ZREM may empty a key, which
+    -- is still fine for any later command on that key that this check lets through.
+    if c[1] == 'DEL' then kind[k] = 'none' elseif c[1] == 'HSET' or c[1] == 'XADD' then kind[k] = need end
+  end
+end
 for _, c in ipairs(cmds) do
   if c[1] == 'DELIFEQ' then
     if redis.call('HGET', c[2], c[3]) == c[4] then redis.call('DEL', c[2]) end
+  elseif c[1] == 'XADD' then
+    redis.call('XADD', c[2], 'MAXLEN', '~', c[3], '*', unpack(c, 4))
   else
     redis.call(unpack(c))
   end

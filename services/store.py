@@ -29,6 +29,11 @@ class Fenced(RuntimeError):
     """A guarded write was refused: the caller no longer holds the lease."""
 
 
+class TxRefused(RuntimeError):
+    """A fenced transaction failed its checks in Redis (an undeclared key, a key of the wrong
+    type, a malformed command); nothing of it was written."""
+
+
 class Backoff:
     """Exponential backoff with full jitter, for reconnect loops."""
 
@@ -60,17 +65,19 @@ class Keys:
     def workers_seen(self) -> str:
         return f"{self.prefix}workers:seen"
 
+    # A job's keys share the hash tag {jid}: Redis Cluster puts them in one slot, so a script
+    # touching only one job's keys (CHECKPOINT_CAS) runs there unchanged.
     def job(self, jid: str) -> str:
-        return f"{self.prefix}job:{jid}"
+        return f"{self.prefix}job:{{{jid}}}"
 
     def job_assignment(self, jid: str) -> str:
-        return f"{self.prefix}job:{jid}:assignment"
+        return f"{self.job(jid)}:assignment"
 
     def job_checkpoint(self, jid: str) -> str:
-        return f"{self.prefix}job:{jid}:checkpoint"
+        return f"{self.job(jid)}:checkpoint"
 
     def job_events(self, jid: str) -> str:
-        return f"{self.prefix}job:{jid}:events"
+        return f"{self.job(jid)}:events"
 
     def jobs(self) -> str:
         """zset of every job, scored by submission sequence."""
@@ -107,37 +114,51 @@ def flat(mapping: dict[str, Any]) -> dict[str, str]:
 
 @dataclass
 class Tx:
-    """Commands the lease holder wants applied atomically (see `Store.commit`)."""
+    """Commands the lease holder wants applied atomically (see `Store.commit`). Every key a
+    command touches is declared, in `keys`, so the script can check them all before writing
+    and Redis (Cluster included) knows every key of the script up front."""
 
     cmds: list[list[str]] = field(default_factory=list)
+    keys: dict[str, None] = field(default_factory=dict)  # insertion-ordered set
+
+    def _add(self, cmd: list[str], *keys: str) -> "Tx":
+        self.keys.update(dict.fromkeys(keys))
+        self.cmds.append(cmd)
+        return self
 
     def hset(self, key: str, mapping: dict[str, Any]) -> "Tx":
         items = [x for kv in flat(mapping).items() for x in kv]
         for i in range(0, len(items), 2 * HSET_CHUNK):
-            self.cmds.append(["HSET", key, *items[i:i + 2 * HSET_CHUNK]])
+            self._add(["HSET", key, *items[i:i + 2 * HSET_CHUNK]], key)
         return self
 
     def delete(self, *keys: str) -> "Tx":
-        self.cmds.append(["DEL", *keys])
-        return self
+        return self._add(["DEL", *keys], *keys)
 
     def delete_if(self, key: str, field_: str, value: str) -> "Tx":
         """Delete hash `key` only if its `field_` still equals `value`."""
-        self.cmds.append(["DELIFEQ", key, field_, value])
-        return self
+        return self._add(["DELIFEQ", key, field_, value], key)
 
     def zrem(self, key: str, member: str) -> "Tx":
-        self.cmds.append(["ZREM", key, member])
-        return self
+        return self._add(["ZREM", key, member], key)
 
     def publish(self, channel: str, message: str) -> "Tx":
-        self.cmds.append(["PUBLISH", channel, message])
-        return self
+        return self._add(["PUBLISH", channel, message])  # a channel is not a key
 
     def event(self, stream: str, fields: dict[str, Any]) -> "Tx":
+        """XADD, trimmed to about EVENTS_MAXLEN entries (the script adds MAXLEN ~ and the id)."""
         items = [x for kv in flat(fields).items() for x in kv]
-        self.cmds.append(["XADD", stream, "MAXLEN", "~", str(EVENTS_MAXLEN), "*", *items])
-        return self
+        return self._add(["XADD", stream, str(EVENTS_MAXLEN), *items], stream)
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One heartbeat's answer: server time, and the (job, generation) the controller's
+    pointer names for this worker at that instant."""
+
+    time: float
+    job: str
+    generation: int
 
 
 def loads(value: str | None, default: Any = None) -> Any:
@@ -324,14 +345,19 @@ class Store:
         return self.r.get(self.keys.lease())
 
     def commit(self, tx: Tx, lease: str) -> None:
-        """Apply `tx` atomically, only if `lease` is still the current lease (fencing)."""
+        """Apply `tx` all or nothing, only if `lease` is still the current lease (fencing).
+        Raises `Fenced` (lease lost) or `TxRefused` (a check failed); either way nothing
+        of `tx` was written."""
         if not tx.cmds:
             return
         try:
-            self._fenced(keys=[self.keys.lease()], args=[lease, json.dumps(tx.cmds)])
+            self._fenced(keys=[self.keys.lease(), *tx.keys], args=[lease, json.dumps(tx.cmds)])
         except redis.ResponseError as e:
-            if "FENCED" in str(e):
+            msg = str(e)
+            if msg.startswith("FENCED"):
                 raise Fenced(f"lease {lease} is no longer held") from None
+            if msg.startswith("REFUSED"):
+                raise TxRefused(f"fenced transaction refused, nothing written: {msg[len('REFUSED '):]}") from None
             raise
 
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from services.store import EVENTS_MAXLEN, Fenced, Store, Tx
+from services.store import EVENTS_MAXLEN, Fenced, Store, Tx, TxRefused
 
 
 @pytest.fixture
@@ -15,6 +15,13 @@ def store(redis_server):
     s = Store(redis_server.url, prefix="t:")
     yield s
     s.close()
+
+
+def snapshot(store: Store) -> dict:
+    """Every key with its type and content: what a refused transaction must leave as it was."""
+    dump = {"hash": store.r.hgetall, "string": store.r.get, "stream": lambda k: store.r.xrange(k),
+            "zset": lambda k: store.r.zrange(k, 0, -1, withscores=True)}
+    return {k: (store.r.type(k), dump[store.r.type(k)](k)) for k in store.r.keys("*")}
 
 
 def test_lease_is_exclusive_and_fences_a_deposed_holder(store):
@@ -26,9 +33,11 @@ def test_lease_is_exclusive_and_fences_a_deposed_holder(store):
     time.sleep(0.6)  # a stops renewing (paused, partitioned): the lease runs out
     b = store.acquire_lease("ctl-b", ttl_s=5)
     assert b == "ctl-b:2"  # a new, larger fencing token
+    store.r.hset("t:y", "job", "j1")
+    before = snapshot(store)
     with pytest.raises(Fenced):
-        store.commit(Tx().hset("t:x", {"v": 2}).delete("t:y"), a)
-    assert store.r.hget("t:x", "v") == "1"  # nothing of the fenced transaction applied
+        store.commit(Tx().hset("t:x", {"v": 2}).delete("t:y").event("t:ev", {"reason": "x"}), a)
+    assert snapshot(store) == before  # nothing of the fenced transaction applied
     store.commit(Tx().hset("t:x", {"v": 3}), b)
     assert store.r.hget("t:x", "v") == "3"
     store.release_lease(a)  # a stale holder cannot release someone else's lease
@@ -39,11 +48,53 @@ def test_fenced_transaction_is_all_or_nothing_and_delete_if(store):
     lease = store.acquire_lease("ctl", ttl_s=5)
     store.r.hset("t:p1", mapping={"job": "j1"})
     store.r.hset("t:p2", mapping={"job": "j2"})
+    store.r.set("t:p3", "a string, as an older version wrote this pointer")
     big = {f"rank:{i}": i for i in range(1500)}  # more fields than one HSET chunk
     store.commit(Tx().hset("t:big", big).delete_if("t:p1", "job", "j1")
-                 .delete_if("t:p2", "job", "j1"), lease)
+                 .delete_if("t:p2", "job", "j1").event("t:ev", {"reason": "Placed"})
+                 .delete("t:p3").hset("t:p3", {"job": "j1"}), lease)  # DEL makes room for the hash
     assert store.r.hlen("t:big") == 1500
     assert not store.r.exists("t:p1") and store.r.exists("t:p2")
+    assert store.r.xlen("t:ev") == 1 and store.r.hgetall("t:p3") == {"job": "j1"}
+
+    # A command that would fail midway (WRONGTYPE: HSET on a string) refuses the whole
+    # transaction before its first write: the earlier HSET, DEL, XADD and ZREM are not applied.
+    store.r.set("t:s", "plain string")
+    store.r.zadd("t:z", {"j1": 1})
+    before = snapshot(store)
+    tx = (Tx().hset("t:big", {"rank:0": "moved"}).delete("t:p2").event("t:ev", {"reason": "Lost"})
+          .zrem("t:z", "j1").hset("t:s", {"f": "v"}).hset("t:new", {"f": "v"}))
+    with pytest.raises(TxRefused, match=r"command 5 \(HSET t:s\): key t:s holds a string, HSET needs a hash"):
+        store.commit(tx, lease)
+    assert snapshot(store) == before
+
+    with pytest.raises(TxRefused, match="t:z holds a zset, XADD needs a stream"):
+        store.commit(Tx().hset("t:new", {"f": "v"}).event("t:z", {"reason": "x"}), lease)
+    assert snapshot(store) == before
+
+
+def test_fenced_transaction_refuses_undeclared_keys_and_unknown_verbs(store):
+    lease = store.acquire_lease("ctl", ttl_s=5)
+    store.r.hset("t:a", "v", "1")
+    before = snapshot(store)
+    tx = Tx().hset("t:a", {"v": "2"}).hset("t:b", {"v": "2"})
+    del tx.keys["t:b"]  # a hand-built Tx that writes a key it does not declare
+    with pytest.raises(TxRefused, match="key t:b is not declared in KEYS"):
+        store.commit(tx, lease)
+    tx = Tx().hset("t:a", {"v": "2"})
+    tx.keys[store.keys.lease()] = None  # declaring the lease does not make it writable
+    tx.cmds.append(["DEL", store.keys.lease()])
+    with pytest.raises(TxRefused, match="is not declared in KEYS"):
+        store.commit(tx, lease)
+    tx = Tx().hset("t:a", {"v": "2"})
+    tx.cmds.append(["FLUSHALL"])
+    with pytest.raises(TxRefused, match="unknown verb"):
+        store.commit(tx, lease)
+    tx = Tx().hset("t:a", {"v": "2"})
+    tx.cmds.append(["HSET", "t:a", "field-without-value"])
+    with pytest.raises(TxRefused, match=r"command 2 \(HSET t:a\): wrong number or form of arguments"):
+        store.commit(tx, lease)
+    assert snapshot(store) == before
 
 
 def test_checkpoint_pointer_moves_only_in_the_current_generation(store):
