@@ -70,7 +70,7 @@ class FaultHandler:
             self.s.finish(job, asg, ranks, "Failed", "ReachedMaxRestarts", msg, lease, now)
             return
         bad = {f.worker for f in faults if f.cause not in health.BLAMELESS}
-        layout, action = self.plan(job, asg, bad, now)
+        layout, action = self.plan(job, asg, bad)
         if layout is None:
             self.wait_for_capacity(job, asg, ranks, record, lease, now)
             return
@@ -83,15 +83,18 @@ class FaultHandler:
         msg = self._message(first, action, layout)
         self._enact(job, asg, layout, record, _reason(action), msg, "Warning", lease, now)
 
-    def plan(self, job: Job, asg: Assignment, bad: set[str], now: float) -> tuple[Layout | None, str]:
+    def plan(self, job: Job, asg: Assignment, bad: set[str]) -> tuple[Layout | None, str]:
+        """The next generation's layout. The idle workers it promotes are taken from the pass's
+        pool here: the caller writes the layout it gets."""
         p, t = job.spec["parallel"], job.spec["train"]
         mb = asg.microbatches or p["microbatches"]
         host_of = self.hosts(asg.workers)
         spares = self.alive_spares(job, asg, bad, host_of)
-        candidates = spares + [w for w in self.s.free_workers(now) if w.wid not in bad]
+        candidates = spares + [w for w in self.s.pool.workers if w.wid not in bad]
         keep = [w.wid for w in spares]
         layout = replace_workers(asg.shape, asg.ranks, mb, bad, candidates, keep, host_of)
         if layout is not None:
+            self.s.pool.take(layout.moved.values())
             return layout, "restart" if not bad else "replace"
         layout = shrink(asg.shape, asg.ranks, bad, job.spec["fault_tolerance"]["min_dp"],
                         t["global_batch"], mb, p["pp_schedule"] == "interleaved_1f1b", host_of)
@@ -126,7 +129,7 @@ class FaultHandler:
     def straggler(self, job: Job, asg: Assignment, ranks: list[dict], slow: health.Fault, action: str,
                   lease: str, now: float) -> bool:
         flag = {"rank": slow.rank, "worker": slow.worker, "generation": job.generation}
-        if action == "replace" and self.has_candidate(job, asg, slow.worker, now):
+        if action == "replace" and self.has_candidate(job, asg, slow.worker):
             self.recover(job, asg, ranks, [slow], lease, now)
             return True
         if job.flagged != flag:  # report once per rank and generation
@@ -149,9 +152,9 @@ class FaultHandler:
         return [FreeWorker(w, host_of.get(w, "?"), infos[w].get("address", "127.0.0.1"),
                            int(infos[w].get("devices", 1))) for w in asg.spares if w in alive]
 
-    def has_candidate(self, job: Job, asg: Assignment, worker: str, now: float) -> bool:
+    def has_candidate(self, job: Job, asg: Assignment, worker: str) -> bool:
         spares = self.s.store.alive_among(asg.spares, job.spec["fault_tolerance"]["dead_after_s"])
-        return bool(spares - {worker}) or bool(self.s.free_workers(now))
+        return bool(spares - {worker}) or bool(self.s.pool.workers)
 
     def maybe_grow(self, job: Job, asg: Assignment, ranks: list[dict], lease: str, now: float) -> bool:
         """Back to the target dp once a replica's worth of workers is idle, at the next
@@ -162,7 +165,7 @@ class FaultHandler:
         host_of = self.hosts(asg.workers)
         # The job's own spares first: a shrink keeps the dropped replica's healthy members as
         # spares, so with TP or PP the returning worker alone never makes a whole replica.
-        free = self.alive_spares(job, asg, set(), host_of) + self.s.free_workers(now)
+        free = self.alive_spares(job, asg, set(), host_of) + self.s.pool.workers
         layout = grow(asg.shape, asg.ranks, job.target_dp, t["global_batch"], p["microbatches"],
                       p["pp_schedule"] == "interleaved_1f1b", free, host_of)
         ckpt = int(self.s.store.checkpoint(job.id).get("step") or 0)
@@ -177,6 +180,7 @@ class FaultHandler:
             return False
         record = self._record(job, ranks, "CapacityReturned", [], now)
         used = {r.wid for r in layout.ranks}
+        self.s.pool.take(used)
         layout = Layout(layout.shape, layout.ranks, layout.microbatches, {},
                         [w for w in asg.spares if w not in used])
         record.update(action="grow", to_shape=[layout.shape.dp, layout.shape.pp, layout.shape.tp])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass
+from typing import Callable, Iterable
 
 from controller.faults import FaultHandler
 from controller.jobs import Job
@@ -30,19 +31,44 @@ class SchedulerConfig:
     rdzv_ports: tuple[int, int] = (20000, 32000)  # below Linux's ephemeral range
 
 
+class FreePool:
+    """The idle workers of one reconcile pass, read from Redis once (at first need). Whatever
+    hands workers to a job in the pass (a pending job's start, a recovery, a grow-back) picks
+    from `workers` and `take`s what it used, so no worker goes to two jobs in one pass.
+    Workers released during the pass are not added: they are offered in the next one."""
+
+    def __init__(self, read: Callable[[], list[FreeWorker]]):
+        self._read = read
+        self._workers: list[FreeWorker] | None = None
+
+    @property
+    def workers(self) -> list[FreeWorker]:
+        if self._workers is None:
+            self._workers = self._read()
+        return list(self._workers)
+
+    def take(self, wids: Iterable[str]) -> None:
+        """Remove `wids` (those that are in the pool) for the rest of this pass."""
+        gone = set(wids)
+        self._workers = [w for w in self.workers if w.wid not in gone]
+
+
 class Scheduler:
     def __init__(self, store: Store, cfg: SchedulerConfig, controller_id: str):
         self.store, self.cfg, self.me = store, cfg, controller_id
         self.k = store.keys
         self.faults = FaultHandler(self)
+        self.pool = FreePool(list)  # each pass starts its own (`run_once`)
 
     def run_once(self, lease: str) -> None:
         jids = self.store.job_ids(open_only=True)
         if not jids:
             return
         now = self.store.now()
+        # One pool per pass, not a fresh read per consumer: a list kept for pending jobs while
+        # a recovery re-read Redis gave the worker that recovery took to a later pending job.
+        self.pool = FreePool(lambda: self.free_workers(now))
         records = self.store.jobs(jids)
-        free: list[FreeWorker] | None = None
         blocked_by: str | None = None
         for jid in jids:
             job = Job.from_hash(jid, records[jid])
@@ -52,13 +78,10 @@ class Scheduler:
                 self.cancel(job, lease, now)
             elif job.phase == "Pending" or self.awaiting_capacity(job):
                 if blocked_by is None:
-                    free = self.free_workers(now) if free is None else free
-                    placed = self.try_start(job, free, lease, now)
-                    if placed:
-                        free = [w for w in free if w.wid not in placed.workers]
+                    if self.try_start(job, lease, now):
                         continue
                     blocked_by = jid
-                self.wait(job, free or [], blocked_by, lease, now)
+                self.wait(job, self.pool.workers, blocked_by, lease, now)
             elif job.phase in ("Running", "Recovering"):
                 self.follow(job, lease, now)
 
@@ -76,10 +99,11 @@ class Scheduler:
                            infos[w].get("address", "127.0.0.1"), int(infos[w].get("devices", 1)))
                 for w in wids if infos[w].get("state") == "idle" and not pointers[w]]
 
-    def try_start(self, job: Job, free: list[FreeWorker], lease: str, now: float) -> Placement | None:
+    def try_start(self, job: Job, lease: str, now: float) -> Placement | None:
+        """Start `job` on workers of the pass's pool (and take them), if they fit."""
         p = job.spec["parallel"]
         shape = MeshShape(job.dp, p["pp"], p["tp"])  # smaller than the spec's after a shrink
-        placed = place(shape, job.spec["fault_tolerance"]["spares"], free)
+        placed = place(shape, job.spec["fault_tolerance"]["spares"], self.pool.workers)
         if placed is None:
             return None
         job.started_at = job.started_at or now
@@ -88,6 +112,7 @@ class Scheduler:
         if rec:
             rec.update(to_generation=job.generation + 1, decided_at=now)
         asg = self.start_generation(job, layout, None, "Starting", lease, now, tp_split=placed.tp_split)
+        self.pool.take(placed.workers)
         where = f"{len(set(r.wid for r in asg.ranks))} workers" + (
             f" + {len(asg.spares)} spares" if asg.spares else "")
         log.info("job %s: generation %d on %s", job.id, asg.generation, where)

@@ -1,0 +1,96 @@
+"""One reconcile pass never gives a worker to two jobs (real redis-server, real `Scheduler`;
+the agents' side is written into Redis the way worker/agent.py writes it).
+
+The pass visits open jobs in submission order. A job waiting for capacity after a failed
+recovery counts as pending, so a pending job can come before a running one: pending job A,
+running job R whose trainer was just killed, pending job P. With two idle workers, A takes
+one, R's recovery the other, and P must wait, not get the worker R just took."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.jobs import Job, submit
+from controller.scheduler import Scheduler, SchedulerConfig
+from services.assignment import Assignment
+from services.spec import parse_spec
+from services.store import Store
+
+
+@pytest.fixture
+def store(redis_server):
+    s = Store(redis_server.url, prefix="race:")
+    yield s
+    s.close()
+
+
+def agent_up(store: Store, wid: str, state: str = "idle") -> None:
+    """What an agent's `_register` writes, plus a fresh heartbeat."""
+    store.register_worker(wid, {"host": "h1", "address": "127.0.0.1", "labels": {"host": "h1"},
+                                "devices": 1, "state": state})
+    store.heartbeat(wid)
+
+
+def trainer_killed(store: Store, wid: str, job: str, generation: int) -> None:
+    """The agent's progress report after its rank-0 trainer died of SIGKILL."""
+    store.write_progress(wid, {"job": job, "generation": generation, "state": "failed",
+                               "ranks": {"0": {"state": "failed", "exit_code": -9,
+                                               "exited_at": store.now()}}})
+
+
+def one_worker_job(store: Store, name: str) -> str:
+    return submit(store, parse_spec({
+        "name": name, "model": {"preset": "tiny"}, "train": {"steps": 100, "global_batch": 2},
+        "fault_tolerance": {"spares": 0, "min_dp": 1}})).id
+
+
+def job(store: Store, jid: str) -> Job:
+    return Job.from_hash(jid, store.job(jid))
+
+
+def owners(store: Store, jids: list[str]) -> dict[str, list[str]]:
+    """worker -> the open jobs whose current assignment holds it."""
+    out: dict[str, list[str]] = {}
+    for jid in jids:
+        asg = Assignment.from_fields(store.job_assignment(jid))
+        if asg is not None and asg.generation == int(store.job(jid)["generation"]):
+            for wid in asg.workers:
+                out.setdefault(wid, []).append(jid)
+    return out
+
+
+def test_pending_jobs_and_a_recovery_in_one_pass_never_share_a_worker(store):
+    sched = Scheduler(store, SchedulerConfig(worker_alive_s=30), "ctl")
+    lease = store.acquire_lease("ctl", ttl_s=60)
+    for wid in ("w1", "w2"):
+        agent_up(store, wid)
+    a, r = one_worker_job(store, "a"), one_worker_job(store, "r")
+    sched.run_once(lease)  # a on w1, r on w2
+    assert owners(store, [a, r]) == {"w1": [a], "w2": [r]}
+
+    # a's trainer is killed while no worker is idle: no spare, dp already 1, so a waits for
+    # capacity and releases w1, whose agent lives on and is idle again.
+    for wid in ("w1", "w2"):
+        agent_up(store, wid, state="busy")
+    trainer_killed(store, "w1", a, 1)
+    sched.run_once(lease)
+    assert sched.awaiting_capacity(job(store, a))
+    assert not store.worker_assignment("w1")
+
+    # The pass under test: a (pending again), r (its trainer killed now), p (new), and two
+    # idle workers: w1 and w3.
+    trainer_killed(store, "w2", r, 1)
+    agent_up(store, "w1")
+    agent_up(store, "w2", state="busy")
+    agent_up(store, "w3")
+    p = one_worker_job(store, "p")
+    sched.run_once(lease)
+
+    held = owners(store, [a, r, p])
+    shared = {wid: jobs for wid, jobs in held.items() if len(jobs) > 1}
+    assert not shared, f"workers given to more than one job in one pass: {shared}"
+    for wid, (jid,) in held.items():  # each pointer names the job that holds the worker
+        assert store.worker_assignment(wid).get("job") == jid, (wid, jid)
+    assert held["w1"] == [a] and held["w3"] == [r]  # a restarted, r's rank moved w2 -> w3
+    waiting = job(store, p)  # nothing left for p: it waits for capacity
+    assert waiting.phase == "Pending" and waiting.condition("Running")["reason"] == "WaitingForCapacity"
