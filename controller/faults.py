@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("meshkeeper.recovery")
 KEEP_RECORDS = 50
+# Causes that point at the worker itself: it is kept out of the free pool for the spec's
+# fault_tolerance.quarantine_s, then re-admitted only once its agent's health probe passed
+# (worker/probe.py). A trainer killed from outside (TrainerKilled) or a silent host
+# (WorkerDead, restarted by its pool) says nothing about the worker's health.
+QUARANTINED = ("RankHung", "Straggler", "RepeatedFailures")
 
 
 class FaultHandler:
@@ -40,6 +45,10 @@ class FaultHandler:
         """Act on a fault or on returning capacity; True when this pass wrote the job. `seen`
         None: Redis just restarted, so silence (heartbeats, progress) proves nothing yet."""
         ft = job.spec["fault_tolerance"]
+        oom = health.out_of_memory(ranks)
+        if oom:  # before anything spends a spare: the spare would be killed the same way
+            self.s.finish(job, asg, ranks, "Failed", "OutOfMemory", oom, lease, now)
+            return True
         why = health.deterministic_failure(ranks)
         if why:
             self.s.finish(job, asg, ranks, "Failed", "TrainerFailed", why, lease, now)
@@ -61,8 +70,10 @@ class FaultHandler:
     def recover(self, job: Job, asg: Assignment, ranks: list[dict], faults: list[health.Fault],
                 lease: str, now: float) -> None:
         ft = job.spec["fault_tolerance"]
+        faults = self._collateral(job, faults, lease, now)
         first = min(faults, key=lambda f: f.fault_at)
         record = self._record(job, ranks, first.cause, faults, now)
+        record["quarantined"] = self._quarantine(job, faults, lease, now)
         job.restarts += 1
         if job.restarts > ft["max_restarts"]:
             msg = (f"{first.detail} (rank {first.rank} on {first.worker}); {job.restarts - 1} "
@@ -198,6 +209,69 @@ class FaultHandler:
         event = "RecoveryStarted" if kind == "Warning" else reason
         self.s.start_generation(job, layout, asg, "Recovering", lease, now, event=(kind, event, msg))
         log.log(logging.WARNING if kind == "Warning" else logging.INFO, "job %s: %s", job.id, msg)
+
+    # -- blame beyond one recovery: collateral strikes, quarantine ----------------------
+    def _health_key(self, wid: str) -> str:
+        return self.s.k.worker(wid) + ":health"  # controller-written; worker/probe.py reads it
+
+    def _collateral(self, job: Job, faults: list[health.Fault], lease: str, now: float) -> list[health.Fault]:
+        """Blameless failures (every fault TrainerFailed) strike the worker whose rank exited
+        first: the one whose error took the others down. `collateral_limit` strikes within
+        `collateral_window_s` and the worker is blamed (RepeatedFailures) and replaced."""
+        if not faults or any(f.cause != "TrainerFailed" for f in faults):
+            return faults
+        ft = job.spec["fault_tolerance"]
+        limit, window = ft.get("collateral_limit", 3), ft.get("collateral_window_s", 900.0)
+        first = min(faults, key=lambda f: f.fault_at)
+        h = self.s.store.r.hgetall(self._health_key(first.worker))
+        strikes = [t for t in loads(h.get("strikes"), []) if now - t <= window] + [now]
+        self.s.store.commit(Tx().hset(self._health_key(first.worker), {"strikes": strikes}), lease)
+        if len(strikes) < limit:
+            return faults
+        blamed = health.Fault("RepeatedFailures", first.rank, first.worker, first.coord, first.fault_at,
+                              f"{first.detail}; its rank exited first in {len(strikes)} failures of the "
+                              f"whole world within {window:.0f}s (collateral_limit {limit}): the others "
+                              f"fell with it")
+        return [blamed if f is first else f for f in faults]
+
+    def _quarantine(self, job: Job, faults: list[health.Fault], lease: str, now: float) -> list[dict]:
+        """Keep each blamed worker out of the free pool until `quarantine_s` has passed and
+        its agent's health probe passed after that (`admissible`)."""
+        q = float(job.spec["fault_tolerance"].get("quarantine_s", 60.0))
+        out, tx = [], Tx()
+        for f in faults:
+            if f.cause not in QUARANTINED or f.worker in {o["worker"] for o in out}:
+                continue
+            until = now + q
+            out.append({"worker": f.worker, "until": until, "cause": f.cause})
+            msg = (f"worker {f.worker} quarantined for {q:.0f}s ({f.cause} of rank {f.rank}); it returns "
+                   f"to the pool only after its health probe (matmul + gloo all-reduce) passes")
+            tx.hset(self._health_key(f.worker), {"quarantined_until": until, "cause": f.cause,
+                                                 "detail": f.detail, "job": job.id, "since": now})
+            tx.event(self.s.k.job_events(job.id), self.s._event("Warning", "WorkerQuarantined", msg, now,
+                                                                 job.generation))
+            log.warning("job %s: %s", job.id, msg)
+        if out:
+            self.s.store.commit(tx, lease)
+        return out
+
+    def admissible(self, wids: list[str], now: float) -> list[str]:
+        """`wids` without the quarantined: those inside their quarantine, and those past it
+        whose agent has not yet reported a passing health probe taken after it ended."""
+        if not wids:
+            return wids
+        pipe = self.s.store.r.pipeline(transaction=False)
+        for w in wids:
+            pipe.hget(self._health_key(w), "quarantined_until")
+            pipe.hgetall(self.s.k.worker(w) + ":probe")
+        got = pipe.execute()
+        out = []
+        for i, w in enumerate(wids):
+            until, probe = float(got[2 * i] or 0), got[2 * i + 1] or {}
+            if not until or (now >= until and probe.get("passed") == "1"
+                             and float(probe.get("at") or 0) >= until):
+                out.append(w)
+        return out
 
     # -- the record ---------------------------------------------------------------------
     def _record(self, job: Job, ranks: list[dict], cause: str, faults: list[health.Fault], now: float) -> dict:

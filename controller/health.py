@@ -9,7 +9,11 @@ Pure functions of the rank view (controller/ranks.py) and Redis server time `now
   median on every one of the last `window_steps` steps is a straggler.
 When one rank dies the others of its world fail soon after with collective errors; those
 exits are collateral and are not blamed. Exits with a deterministic cause (bad spec or data,
-non-finite loss) fail the job instead: a restart would only repeat them.
+non-finite loss, an OOM kill) fail the job instead: a restart would only repeat them.
+
+Hangs are blamed by collective progress (worker/progress.py): each rank reports how many of
+its steps' collective phases it entered and left. The ranks waiting inside a collective have
+entered more than the rank they wait for.
 """
 
 from __future__ import annotations
@@ -68,6 +72,27 @@ def deterministic_failure(ranks: list[dict]) -> str | None:
     return None
 
 
+def _mib(n) -> str:
+    return f"{n / 2**20:,.0f} MiB" if isinstance(n, (int, float)) and n > 0 else "unknown"
+
+
+def out_of_memory(ranks: list[dict]) -> str | None:
+    """A message when the kernel OOM-killed a rank's trainer (its agent read the trainer's
+    memory cgroup oom_kill count rise, with exit status SIGKILL). A spare has the same memory,
+    so replacing or restarting would only be killed again: the job fails, naming the fix."""
+    for r in ranks:
+        oom = r.get("oom")
+        if r["state"] == "failed" and isinstance(oom, dict):
+            c = r["coord"]
+            limit = f", memory limit {_mib(oom.get('limit'))}" if oom.get("limit") else ""
+            return (f"rank {r['rank']} (dp={c['dp']} pp={c['pp']} tp={c['tp']}) on worker {r['worker']} "
+                    f"was killed by the kernel OOM killer: peak memory {_mib(oom.get('peak_rss') or r.get('peak_rss'))}"
+                    f"{limit} (evidence: {oom.get('evidence', 'oom_kill counter')}). Fewer parameters and "
+                    f"optimizer state per rank fix it: raise parallel.pp or parallel.tp, use parallel.zero 3, "
+                    f"or run on workers with more memory")
+    return None
+
+
 def collateral_only(ranks: list[dict], now: float) -> list[Fault]:
     """Ranks that failed with an error and no root cause was found: restart them in place."""
     return [Fault("TrainerFailed", r["rank"], r["worker"], r["coord"], _num(r.get("exited_at"), now),
@@ -89,11 +114,57 @@ def hung(ranks: list[dict], hang_after_s: float, now: float) -> list[Fault]:
     return out
 
 
+def _entered(r: dict) -> int:
+    """Collective phases entered; -1 for a rank that never reported any (no trainer file yet,
+    or no report from its agent at all): it is behind every rank that entered one."""
+    v = r.get("coll_entered")
+    return v if isinstance(v, int) else -1
+
+
+def waited_on(ranks: list[dict]) -> tuple[list[dict], str] | None:
+    """The ranks a hung world waits for, by collective progress, and why; None when the
+    counters do not tell (nobody inside a collective, or every rank at the same count).
+
+    Each rank runs the same collective phases in the same order, so in a hang the ranks
+    inside a collective (entered > left) sit at the highest count, and the rank they wait on
+    has entered fewer: it is spinning, computing or stuck before its next collective. The
+    lowest count is blamed (ranks in between are waiting in an earlier collective of a
+    subgroup, on it)."""
+    live = [r for r in ranks if r["state"] in ("assigned", "starting", "running")]
+    if len(live) < 2:
+        return None
+    top = max(_entered(r) for r in live)
+    inside = [r for r in live if _entered(r) == top and (r.get("coll_left") or 0) < top]
+    if top <= 0 or not inside:
+        return None
+    low = min(_entered(r) for r in live)
+    if low == top:
+        return None
+    behind = [r for r in live if _entered(r) == low]
+    what = "never reported collective progress" if low < 0 else (
+        f"entered {low} collective phases and left {behind[0].get('coll_left')}")
+    return behind, (f"{what}, while rank(s) {sorted(r['rank'] for r in inside)} wait inside "
+                    f"collective phase {top}")
+
+
+def busy_while_others_wait(ranks: list[dict]) -> list[dict]:
+    """Every rank at the same collective count, some burning a core while the rest sleep:
+    the busy ones are stuck in their own code inside the phase (the others wait in the
+    phase's next collective, which sleeps). Empty when all or none are busy."""
+    live = [r for r in ranks if r["state"] in ("starting", "running")]
+    busy = [r for r in live if r.get("cpu_busy") is True]
+    idle = [r for r in live if r.get("cpu_busy") is False and r.get("proc_state") == "S"]
+    return busy if busy and idle and len(busy) + len(idle) == len(live) else []
+
+
 def hangs(ranks: list[dict], hang_after_s: float, now: float) -> list[Fault]:
     """Hung ranks, blamed with care: in synchronous training one frozen rank freezes all the
     others (they wait for it in a collective), so progress alone cannot tell which it is.
     - A rank whose process cannot run (stopped, stuck in I/O) is the cause.
-    - Every rank frozen and none of them stopped: a job-wide stall (slow storage, a
+    - Otherwise (processes runnable or sleeping) the rank the others wait on: the one with
+      the fewest collective phases entered, or none reported at all (`waited_on`); at equal
+      counts, a rank spinning on a core while the others sleep in the collective.
+    - Every rank frozen and nothing tells them apart: a job-wide stall (slow storage, a
       collective stuck after a network blip): restart in place rather than blame everyone.
     - Only some frozen: the others are about to freeze too; blame the frozen ones only if
       the rest still progress after twice the bound (truly independent hangs)."""
@@ -101,17 +172,30 @@ def hangs(ranks: list[dict], hang_after_s: float, now: float) -> list[Fault]:
     if not found:
         return []
     by_rank = {f.rank: f for f in found}
+    since = min(f.fault_at for f in found)
+
+    def blame(r: dict, why: str) -> Fault:
+        base = by_rank[r["rank"]].detail if r["rank"] in by_rank else "no progress"
+        return Fault("RankHung", r["rank"], r["worker"], r["coord"],
+                     _num(r.get("progress_at"), since), f"{base}; {why}")
+
     frozen = [r for r in ranks if r.get("proc_state") in FROZEN_PROC_STATES
               and r["state"] in ("starting", "running")]
     if frozen:
-        return [Fault("RankHung", r["rank"], r["worker"], r["coord"],
-                      _num(r.get("progress_at"), now),
-                      (by_rank[r["rank"]].detail if r["rank"] in by_rank else "no progress")
-                      + f"; its process is {FROZEN_PROC_STATES[r['proc_state']]}")
-                for r in frozen]
+        return [blame(r, f"its process is {FROZEN_PROC_STATES[r['proc_state']]}") for r in frozen]
+    waited = waited_on(ranks)
+    if waited:
+        behind, why = waited
+        return [blame(r, f"the others wait on it: it {why}") for r in behind]
+    spinning = busy_while_others_wait(ranks) if len(by_rank) == len(ranks) else []
+    if spinning:
+        return [blame(r, f"it keeps a CPU busy (state {r.get('proc_state')}) at collective phase "
+                         f"{r.get('coll_entered')} while the others sleep in it") for r in spinning]
     if len(by_rank) == len(ranks):
         f = min(found, key=lambda f: f.fault_at)
-        return [Fault("JobStalled", f.rank, f.worker, f.coord, f.fault_at, f"all {len(ranks)} ranks: {f.detail}")]
+        return [Fault("JobStalled", f.rank, f.worker, f.coord, f.fault_at,
+                      f"all {len(ranks)} ranks: {f.detail}, all at collective phase "
+                      f"{ {r.get('coll_entered') for r in ranks} }")]
     return [f for f in found if now - f.fault_at > 2 * hang_after_s]
 
 

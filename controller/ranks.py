@@ -10,7 +10,8 @@ from services.store import loads
 
 REPORTED = ("step", "loss", "tokens_per_s", "step_s", "compute_s", "wait_s", "pid", "exit_code",
             "error", "log", "started_at", "exited_at", "rendezvous_at", "ready_at", "start_step",
-            "first_step_at", "progress_at", "compute_avg", "compute_min", "window_n", "proc_state")
+            "first_step_at", "progress_at", "compute_avg", "compute_min", "window_n", "proc_state",
+            "coll_entered", "coll_left", "cpu_busy", "peak_rss", "oom")  # blame: controller/health.py
 
 
 def rank_view(asg: Assignment, progress: dict[str, dict[str, str]],

@@ -93,7 +93,7 @@ class Scheduler:
     # -- placing --------------------------------------------------------------------------
     def free_workers(self, now: float) -> list[FreeWorker]:
         """Alive workers whose agent is idle and that no job holds, in name order."""
-        wids = sorted(self.store.alive_workers(self.cfg.worker_alive_s, now), key=natural_key)
+        wids = self.faults.admissible(sorted(self.store.alive_workers(self.cfg.worker_alive_s, now), key=natural_key), now)  # quarantine
         infos, pointers = self.store.workers(wids), self.store.assignments(wids)
         return [FreeWorker(w, loads(infos[w].get("labels"), {}).get("host") or infos[w].get("host", "?"),
                            infos[w].get("address", "127.0.0.1"), int(infos[w].get("devices", 1)))

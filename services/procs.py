@@ -43,8 +43,18 @@ def signal_group(p: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def stop_all(procs: list[subprocess.Popen], grace_s: float) -> None:
-    """SIGTERM every process group, SIGKILL whatever still runs after `grace_s`, reap all."""
+KILL_WAIT_S = 5.0  # after SIGKILL: a process still there is stuck in the kernel (state D)
+
+
+def stop_all(procs: list[subprocess.Popen], grace_s: float,
+             kill_wait_s: float = KILL_WAIT_S) -> list[subprocess.Popen]:
+    """SIGTERM every process group, SIGKILL whatever still runs after `grace_s`, reap all.
+
+    Every wait is bounded: a process in uninterruptible sleep (D: a hung NFS read, a stuck
+    device) ignores even SIGKILL until the kernel lets go, and an unbounded wait would freeze
+    the caller (an agent's loop, while its heartbeat thread keeps it looking alive). Returns
+    the processes that had not exited `kill_wait_s` after SIGKILL; the kill stays pending and
+    a later `poll()` reaps them."""
     for p in procs:
         signal_group(p, signal.SIGTERM)
         if p.stdin and not p.stdin.closed:
@@ -57,7 +67,14 @@ def stop_all(procs: list[subprocess.Popen], grace_s: float) -> None:
             pass
     for p in procs:
         signal_group(p, signal.SIGKILL)  # also reaches children of a leader that exited
-        p.wait()
+    deadline = time.monotonic() + kill_wait_s
+    stuck = []
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            stuck.append(p)
+    return stuck
 
 
 def descendants(pid: int) -> list[int]:

@@ -136,6 +136,19 @@ class FaultToleranceSpec(Strict):
     straggler: StragglerSpec = StragglerSpec()
     min_dp: int = Field(default=1, ge=1)
     max_restarts: int = Field(default=20, ge=0, le=10000)
+    quarantine_s: float = Field(
+        default=60.0, ge=0, le=7 * 86400,
+        description="How long a blamed worker (hung rank, replaced straggler, repeated collateral "
+                    "failures) stays out of the free pool. After it, the worker returns only once its "
+                    "agent's health probe (matmul + gloo all-reduce self-test) passes. 0: probe at once.")
+    collateral_limit: int = Field(
+        default=3, ge=1, le=1000,
+        description="Blameless failures (every rank exits with an error, no root cause found) in which "
+                    "the same worker's rank exited first, within collateral_window_s, before that worker "
+                    "is blamed and replaced (a flaky NIC or host shows up this way).")
+    collateral_window_s: float = Field(
+        default=900.0, gt=0, le=7 * 86400,
+        description="The window over which collateral_limit is counted.")
 
 
 class JobSpec(Strict):

@@ -24,6 +24,7 @@ from services.procs import stop_all
 from services.store import Backoff, Store, loads
 from worker.heartbeat import Heartbeat
 from worker.metrics import AgentMetrics
+from worker.probe import Prober
 from worker.trainers import Launcher, RankProcess
 
 log = logging.getLogger("meshkeeper.agent")
@@ -77,6 +78,7 @@ class Agent:
         self.state = "idle"
         self.launcher = Launcher(cfg.run_dir, cfg.warm, self._child_env())
         self.heartbeat = Heartbeat(store, cfg.wid, cfg.heartbeat_s, self.serving)
+        self.prober = Prober(store, cfg.wid, self._child_env(), cfg.run_dir, self._now)  # quarantine exit
         self._stop = threading.Event()
         self._pubsub = None
         self._reread_at = 0.0
@@ -112,6 +114,8 @@ class Agent:
                     self._close_pubsub()
                     self._stop.wait(backoff.next())
                 self._supervise()
+                if self.run is None:  # idle: a quarantined worker probes itself (worker/probe.py)
+                    self.prober.tick()
                 # Refilled while a job runs too (after a failure the next generation's trainers
                 # come from here, torch already imported), but only once its ranks train:
                 # importing torch beside a starting trainer would slow that start.
@@ -217,9 +221,13 @@ class Agent:
     def _end_run(self, why: str) -> None:
         run, t0 = self.run, time.monotonic()
         live = [p for p in run.ranks.values() if p.exit_code is None]
-        stop_all([p.proc for p in live], self.cfg.stop_grace_s)
+        stuck = stop_all([p.proc for p in live], self.cfg.stop_grace_s)  # bounded: D state ignores SIGKILL
         for p in live:
             p.exit_code, p.state = p.proc.returncode, "stopped"
+        for p in (p for p in live if p.proc in stuck):
+            self._event("TrainerUnkillable", f"rank {p.rank} (pid {p.proc.pid}) on worker {self.cfg.wid} "
+                        f"survived SIGKILL (process state {p.proc_state}: stuck in the kernel); moving on",
+                        warning=True)
         if live:
             log.info("job %s generation %d: %s; stopped ranks %s in %.2fs", run.job, run.generation,
                      why, sorted(p.rank for p in live), time.monotonic() - t0)
@@ -303,6 +311,7 @@ class Agent:
         if self.run is not None:
             self._end_run("agent stopping")
         self.launcher.close()
+        self.prober.close()
         self.heartbeat.stop()
         self._close_pubsub()
         try:

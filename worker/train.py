@@ -25,6 +25,7 @@ from worker.checkpoint import Checkpointer, restored_line
 from worker.ckpt_store import CheckpointStore
 from worker.data import DataError
 from worker.parallel import ParallelDims, RankContext
+from worker.progress import Collectives, counters_path
 from worker.trainer import NonFiniteError, StepResult, Trainer
 
 
@@ -138,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
         rendezvous_at = time.time()
         metrics.write({"event": "rendezvous", "rendezvous_at": rendezvous_at})
         trainer = Trainer(spec, ctx)
+        if args.metrics_out:  # collective progress for the agent, next to this rank's metrics
+            trainer.collectives = Collectives(counters_path(args.metrics_out.replace("{rank}", str(rank))))
         say = print if rank == 0 else (lambda *a, **k: None)
         floor = trainer.batches.entropy_floor()
         say(f"[meshkeeper] {spec.name}: mesh dp={spec.parallel.dp} pp={spec.parallel.pp} "

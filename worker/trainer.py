@@ -20,6 +20,7 @@ from worker.model import build_model
 from worker.optim import build_optimizer, build_scheduler, clip_grad_norm
 from worker.parallel import RankContext, apply_ac, apply_fsdp, apply_tp
 from worker.pipeline import build_schedule, split_stages
+from worker.progress import Collectives
 from worker.timing import CpuClock
 
 
@@ -66,6 +67,8 @@ class Trainer:
                          if p.pp > 1 else None)
         self.batches = Batches(spec.data, spec.model, spec.train.global_batch, p.dp)
         self.clock = CpuClock()
+        # Replaced by worker.train with one that the agent can read (collective progress).
+        self.collectives = Collectives(None)
 
     def _loss_fn(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         # Mean over the microbatch, pre-divided by the microbatch count: summing the
@@ -101,11 +104,17 @@ class Trainer:
         """One optimizer step; `before_update` runs just before parameters change."""
         t0 = time.perf_counter()
         self.clock.start()
+        self.collectives.step_boundary()
         x, y = self.batches.local(step, self.ctx.coord.dp)
-        local = self._forward_backward(x, y)
+        # Each collective phase is counted entered/left (worker/progress.py): the same three
+        # phases on every rank, so a hang's counts show which rank the others wait for.
+        with self.collectives.phase():
+            local = self._forward_backward(x, y)
         p = self.spec.parallel
-        grad_norm = clip_grad_norm(self.params, self.spec.train.grad_clip, p.dp * p.tp)
-        loss = self.global_loss(local)
+        with self.collectives.phase():
+            grad_norm = clip_grad_norm(self.params, self.spec.train.grad_clip, p.dp * p.tp)
+        with self.collectives.phase():
+            loss = self.global_loss(local)
         if not (torch.isfinite(torch.tensor(loss)) and torch.isfinite(torch.tensor(grad_norm))):
             raise NonFiniteError(f"step {step}: loss {loss}, grad norm {grad_norm} is not finite; "
                                  "lower train.lr or raise train.warmup_steps")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from services.assignment import FROZEN_PROC_STATES
 from services.procs import stop_all
+from worker.progress import counters_path, read_counters
 
 log = logging.getLogger("meshkeeper.agent")
 
@@ -104,6 +106,11 @@ class RankProcess:
     progress_at: float = 0.0
     computes: deque = field(default_factory=deque)
     proc_state: str | None = None
+    collectives: tuple[int, int] | None = None  # (entered, left), worker/progress.py
+    busy: bool | None = None  # burned most of a core over the last BUSY_WINDOW_S
+    memory: "MemoryWatch" = field(default_factory=lambda: MemoryWatch())
+    oom: dict | None = None  # set once, when the exit is classified as an OOM kill
+    _cpu: deque = field(default_factory=deque)  # (monotonic, cpu seconds) samples
     _offset: int = 0
     _partial: str = ""
 
@@ -111,16 +118,39 @@ class RankProcess:
         self.progress_at = self.started_at
 
     def poll_state(self) -> bool:
-        """Re-read the process's scheduler state (R, S, D, T...); True when it became or
-        stopped being frozen. A stopped (T) or I/O-stuck (D) trainer is what a job-wide
-        hang waits for; R <-> S flips every step and is not worth a report."""
+        """Re-read the process's scheduler state (R, S, D, T...), CPU use, collective counters
+        and memory; True when something the controller judges hangs by changed. A stopped (T)
+        or I/O-stuck (D) trainer is what a job-wide hang waits for; R <-> S flips every step
+        and is not worth a report, but a process that keeps a core busy while its peers sleep
+        in a collective is (the counters change on every step anyway)."""
         try:
-            state = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            state = None
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            state, cpu = fields[0], (int(fields[11]) + int(fields[12])) / _CLK_TCK
+        except (OSError, IndexError, ValueError):
+            state, cpu = None, None
         changed = (state in FROZEN_PROC_STATES) != (self.proc_state in FROZEN_PROC_STATES)
         self.proc_state = state
+        if cpu is not None:
+            t = time.monotonic()
+            self._cpu.append((t, cpu))
+            while len(self._cpu) > 2 and t - self._cpu[1][0] >= BUSY_WINDOW_S:
+                self._cpu.popleft()
+            (t0, c0) = self._cpu[0]
+            if t - t0 >= BUSY_WINDOW_S / 2:
+                busy = (cpu - c0) / (t - t0) >= 0.5
+                changed |= busy != self.busy
+                self.busy = busy
+        counts = read_counters(counters_path(self.metrics))
+        changed |= counts != self.collectives
+        self.collectives = counts
+        self.memory.sample(self.proc.pid)
         return changed
+
+    def classify_exit(self, code: int) -> None:
+        """A SIGKILL is an OOM kill when the kernel counted one for the trainer's memory
+        cgroup while it ran (or, with no memory cgroup to read, host-wide)."""
+        if code == -signal.SIGKILL and self.oom is None:
+            self.oom = self.memory.oom_killed()
 
     def absorb(self, rec: dict, now: float, offset: float) -> None:
         """Take one record of the trainer's metrics file; `now` is server time."""
@@ -157,6 +187,8 @@ class RankProcess:
         return out
 
     def report(self) -> dict:
+        if self.exit_code is not None:
+            self.classify_exit(self.exit_code)
         r = self.last
         return {"state": self.state, "pid": self.proc.pid, "exit_code": self.exit_code,
                 "log": str(self.log), "step": r.get("step", -1) + 1 if r else 0,
@@ -165,4 +197,111 @@ class RankProcess:
                 "first_step_at": self.first_step_at, "progress_at": self.progress_at,
                 "compute_avg": sum(self.computes) / len(self.computes) if self.computes else None,
                 "compute_min": min(self.computes) if self.computes else None,
-                "window_n": len(self.computes), "proc_state": self.proc_state}
+                "window_n": len(self.computes), "proc_state": self.proc_state,
+                "coll_entered": self.collectives[0] if self.collectives else None,
+                "coll_left": self.collectives[1] if self.collectives else None,
+                "cpu_busy": self.busy, "peak_rss": self.memory.peak or None, "oom": self.oom}
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+BUSY_WINDOW_S = 2.0
+_MEMCG_V1 = Path("/sys/fs/cgroup/memory")
+_CGROUP_ROOTS_V2 = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _keyed(path: Path, key: str) -> int | None:
+    """`key N` lines (memory.events, memory.oom_control, /proc/vmstat)."""
+    try:
+        for line in path.read_text().splitlines():
+            k, _, v = line.partition(" ")
+            if k == key:
+                return int(v)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+@dataclass
+class MemoryWatch:
+    """A trainer's peak memory and its memory cgroup's OOM-kill count, sampled while it runs
+    (after it dies /proc no longer says which cgroup it was in).
+
+    cgroup v2: `memory.events.local` (this group only: a kill in a sibling group must not
+    count), `memory.peak`, `memory.max`. cgroup v1: `memory.oom_control` (its `oom_kill` counts
+    this group only), `memory.max_usage_in_bytes`, `memory.limit_in_bytes`. Without a memory
+    cgroup: /proc/vmstat `oom_kill`, host-wide, the weakest evidence."""
+
+    peak: int = 0  # bytes: VmHWM, and the cgroup's peak when it has a limit
+    group: Path | None = None
+    v2: bool = False
+    kills_at_start: int | None = None  # the group's (or host's) OOM kills when first seen
+    limit: int | None = None
+
+    def sample(self, pid: int) -> None:
+        hwm = _keyed_kb(Path(f"/proc/{pid}/status"), "VmHWM:")
+        if hwm:
+            self.peak = max(self.peak, hwm)
+        group, v2 = _memory_cgroup(pid)
+        if group is not None and group != self.group:  # first seen, or moved into another group
+            self.group, self.v2 = group, v2
+            self.kills_at_start = self._kills()
+            limit = _read_int(group / ("memory.max" if v2 else "memory.limit_in_bytes"))
+            self.limit = limit if limit and limit < 1 << 60 else None
+        elif self.group is None and self.kills_at_start is None:
+            self.kills_at_start = _keyed(Path("/proc/vmstat"), "oom_kill")
+
+    def _kills(self) -> int | None:
+        if self.group is None:
+            return _keyed(Path("/proc/vmstat"), "oom_kill")
+        return _keyed(self.group / ("memory.events.local" if self.v2 else "memory.oom_control"),
+                      "oom_kill")
+
+    def oom_killed(self) -> dict | None:
+        now = self._kills()
+        if now is None or self.kills_at_start is None or now <= self.kills_at_start:
+            return None
+        if self.group is not None and self.limit:
+            group_peak = _read_int(self.group / ("memory.peak" if self.v2 else "memory.max_usage_in_bytes"))
+            self.peak = max(self.peak, group_peak or 0)
+        return {"peak_rss": self.peak or None, "limit": self.limit,
+                "cgroup": str(self.group) if self.group else None,
+                "evidence": "memory cgroup oom_kill" if self.group else "host /proc/vmstat oom_kill"}
+
+
+def _keyed_kb(path: Path, key: str) -> int | None:
+    try:
+        for line in path.read_text().splitlines():
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _memory_cgroup(pid: int) -> tuple[Path | None, bool]:
+    """The directory of `pid`'s memory cgroup and whether it is cgroup v2."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None, False
+    for line in lines:  # v1 first: where a v1 memory hierarchy is mounted, it does the limiting
+        _, ctrls, path = line.split(":", 2)
+        if "memory" in ctrls.split(","):
+            d = _MEMCG_V1 / path.lstrip("/")
+            if (d / "memory.oom_control").exists():
+                return d, False
+    for line in lines:
+        hid, _, path = line.split(":", 2)
+        if hid == "0":
+            for root in _CGROUP_ROOTS_V2:
+                d = root / path.lstrip("/")
+                if (d / "memory.events.local").exists():
+                    return d, True
+    return None, False
