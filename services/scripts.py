@@ -3,13 +3,16 @@
 Redis 7 replicates script effects, so TIME may be called before a write.
 """
 
-# KEYS: workers:seen, worker:{wid}   ARGV: wid, job, generation  ->  server time as a string
+# KEYS: workers:seen, worker:{wid}, worker:{wid}:assignment   ARGV: wid, job, generation
+#   -> {server time, the pointer's job, the pointer's generation}
+# The answer is how an agent confirms its generation is still current (its commit lease).
 HEARTBEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('HSET', KEYS[2], 'beat', now, 'job', ARGV[2], 'generation', ARGV[3])
-return tostring(now)
+local p = redis.call('HMGET', KEYS[3], 'job', 'generation')
+return {tostring(now), p[1] or '', p[2] or '0'}
 """
 
 # KEYS: lease, token counter   ARGV: holder id, ttl ms  ->  'holder:token' or false
@@ -107,18 +110,26 @@ end
 return #cmds
 """
 
-# KEYS: job:{jid}, job:{jid}:checkpoint   ARGV: generation, step, path  ->  1 moved, 0 refused
+# KEYS: job:{jid}, job:{jid}:checkpoint   ARGV: generation, step, path, keep
+#   -> false when refused, else a JSON list of the history entries that fell out of the
+#      newest `keep` (the caller deletes exactly those directories, nothing else).
 # Only the job's current generation may move the pointer, and only forward, except that a
 # newer generation may restart from an older step (it restored a previous checkpoint).
+# `history` (newest first) is what restore may fall back to; all checks come before any write.
 CHECKPOINT_CAS = """
-local gen = tonumber(ARGV[1])
-if tonumber(redis.call('HGET', KEYS[1], 'generation') or '-1') ~= gen then return 0 end
+local gen, step, keep = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[4])
+if tonumber(redis.call('HGET', KEYS[1], 'generation') or '-1') ~= gen then return false end
 local cur_step = tonumber(redis.call('HGET', KEYS[2], 'step') or '-1')
 local cur_gen = tonumber(redis.call('HGET', KEYS[2], 'generation') or '-1')
-if gen == cur_gen and tonumber(ARGV[2]) <= cur_step then return 0 end
-if gen < cur_gen then return 0 end
+if gen == cur_gen and step <= cur_step then return false end
+if gen < cur_gen then return false end
+local history = cjson.decode(redis.call('HGET', KEYS[2], 'history') or '[]')
+table.insert(history, 1, {step = step, generation = gen, path = ARGV[3]})
+local dropped = {}
+while #history > keep do table.insert(dropped, table.remove(history)) end
 local t = redis.call('TIME')
 redis.call('HSET', KEYS[2], 'step', ARGV[2], 'path', ARGV[3], 'generation', ARGV[1],
-           'time', tonumber(t[1]) + tonumber(t[2]) / 1e6)
-return 1
+           'time', tonumber(t[1]) + tonumber(t[2]) / 1e6, 'history', cjson.encode(history))
+if #dropped == 0 then return '[]' end
+return cjson.encode(dropped)
 """

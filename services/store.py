@@ -161,6 +161,16 @@ class Beat:
     generation: int
 
 
+@dataclass(frozen=True)
+class Beat:
+    """One heartbeat's answer: server time, and the (job, generation) the controller's
+    pointer names for this worker at that instant."""
+
+    time: float
+    job: str
+    generation: int
+
+
 def loads(value: str | None, default: Any = None) -> Any:
     if not value:
         return default
@@ -213,11 +223,12 @@ class Store:
     def set_worker(self, wid: str, fields: dict[str, Any]) -> None:
         self.r.hset(self.keys.worker(wid), mapping=flat(fields))
 
-    def heartbeat(self, wid: str, job: str = "", generation: int = 0) -> float:
-        """Stamp `workers:seen` with server time; returns that time."""
-        t = self._heartbeat(keys=[self.keys.workers_seen(), self.keys.worker(wid)],
-                            args=[wid, job, generation])
-        return float(t)
+    def heartbeat(self, wid: str, job: str = "", generation: int = 0) -> "Beat":
+        """Stamp `workers:seen` with server time; returns that time and the worker's pointer."""
+        t, pjob, pgen = self._heartbeat(
+            keys=[self.keys.workers_seen(), self.keys.worker(wid), self.keys.worker_assignment(wid)],
+            args=[wid, job, generation])
+        return Beat(float(t), pjob, int(pgen or 0))
 
     def deregister_worker(self, wid: str) -> None:
         pipe = self.r.pipeline()
@@ -235,10 +246,18 @@ class Store:
         pipe.hset(k, mapping=flat(progress))
         pipe.execute()
 
-    def commit_checkpoint(self, jid: str, generation: int, step: int, path: str) -> bool:
-        """Move the checkpoint pointer, only within the job's current generation and forward."""
-        return bool(self._checkpoint(keys=[self.keys.job(jid), self.keys.job_checkpoint(jid)],
-                                     args=[generation, step, path]))
+    def commit_checkpoint(self, jid: str, generation: int, step: int, path: str,
+                          keep: int = 1_000_000) -> list[dict] | None:
+        """Move the checkpoint pointer, only within the job's current generation and forward.
+        None when refused; else the history entries that fell out of the newest `keep`, which
+        no pointer references any more (the only checkpoints anyone may delete)."""
+        dropped = self._checkpoint(keys=[self.keys.job(jid), self.keys.job_checkpoint(jid)],
+                                   args=[generation, step, path, max(1, keep)])
+        return None if dropped is None else loads(dropped, [])
+
+    def checkpoint_history(self, jid: str) -> list[dict]:
+        """The committed pointers a restore may use, newest first ({step, generation, path})."""
+        return loads(self.r.hget(self.keys.job_checkpoint(jid), "history"), [])
 
     # -- workers (controller side) ----------------------------------------------------
     def workers_seen(self) -> dict[str, float]:

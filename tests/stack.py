@@ -137,16 +137,17 @@ class Stack:
         self.client.close()
         self.client = Client(c.url)
 
-    def _agent(self, wid: str) -> Proc:
-        return Proc(f"agent-{wid}", [sys.executable, "-m", "worker", "--redis-url", self.redis.url,
+    def _agent(self, wid: str, redis_url: str | None = None) -> Proc:
+        """An agent process; `redis_url` reaches Redis another way (through a fault proxy)."""
+        return Proc(f"agent-{wid}", [sys.executable, "-m", "worker", "--redis-url", redis_url or self.redis.url,
                                      "--id", wid, "--address", "127.0.0.1", "--metrics-port", "0",
                                      "--run-dir", str(self.work / "workers" / wid),
                                      "--checkpoint-root", str(self.work / "checkpoints")],
                     self.work / "logs")
 
-    def restart_agent(self, wid: str) -> Proc:
+    def restart_agent(self, wid: str, redis_url: str | None = None) -> Proc:
         """A new agent process with the same worker id (a returning host)."""
-        self.agents[wid] = self._agent(wid)
+        self.agents[wid] = self._agent(wid, redis_url)
         return self.agents[wid]
 
     def kill_worker(self, wid: str, trainer_pids: list[int] = ()) -> None:

@@ -10,6 +10,12 @@ is scheduled, `wait_staged()` is called just before the next optimizer step (the
 must not change tensors that are still being copied), and at most one save is in flight.
 Rank 0 writes the commit marker once DCP's upload finished, which DCP only reports after
 every rank wrote its shards and the coordinator wrote `.metadata`.
+
+Where a checkpoint lives and which one is restored is fenced (worker/ckpt_store.py): saves go
+to this generation's own directory, restore follows the pointer history it is handed (from
+Redis through the agent) and never looks for "the newest" on disk. Under an agent the trainer
+deletes nothing: the agent prunes what the Redis CAS dropped. Standalone, rank 0 keeps the
+pointer in `committed.json` and prunes what falls out of it.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from worker.ckpt_store import CheckpointStore, Committed
+from worker.ckpt_store import CheckpointStore, Committed, Pointer, remove_checkpoints
 
 # DCP gathers every rank's failure into one CheckpointException, a BaseException.
 SAVE_ERRORS = (Exception, CheckpointException)
@@ -51,9 +57,11 @@ class Pending:
 
 class Checkpointer:
     def __init__(self, trainer, store: CheckpointStore, *, mode: str, keep: int, meta: dict,
-                 report: Callable[[dict], None]):
+                 report: Callable[[dict], None], history: list[Pointer] | None = None):
+        """`history`: the committed pointers (newest first) handed down by the agent; None
+        for a standalone run, which keeps its own pointer file."""
         self.trainer, self.store, self.mode, self.keep, self.meta = trainer, store, mode, keep, meta
-        self.report = report
+        self.report, self.history = report, history
         self.rank = dist.get_rank()
         self.group = dist.new_group(backend="gloo")  # saves never queue behind training collectives
         self.pending: Pending | None = None
@@ -128,13 +136,15 @@ class Checkpointer:
         if self.rank == 0:
             try:
                 self.store.commit(p.step, self.meta)
-                self.store.prune(self.keep)
+                if self.history is None:  # standalone: this process is the pointer's only writer
+                    remove_checkpoints(self.store.dir, self.store.record(p.step, self.keep))
             except OSError as e:
                 self._failed(p.step, e)
                 return
         self.last_committed = p.step
         self.report({"event": "checkpoint", "step": p.step, "path": str(self.store.step_dir(p.step)),
-                     "blocking_s": p.blocking_s, "total_s": time.perf_counter() - p.started})
+                     "keep": self.keep, "blocking_s": p.blocking_s,
+                     "total_s": time.perf_counter() - p.started})
 
     def _failed(self, step: int, err: BaseException) -> None:
         if self.rank == 0:
@@ -152,14 +162,15 @@ class Checkpointer:
 
     # -- restore -------------------------------------------------------------------------
     def restore(self) -> Committed | None:
-        """Load the newest valid checkpoint into the trainer; None when there is none."""
+        """Load the newest committed checkpoint that verifies; None when there is none."""
         chosen: list[Committed | None] = [None]
         if self.rank == 0:
             def warn(msg: str) -> None:
                 print(f"[meshkeeper] WARNING: skipping checkpoint {msg}; trying the previous one",
                       file=sys.stderr, flush=True)
                 self.report({"event": "checkpoint_skipped", "reason": msg})
-            chosen[0] = self.store.latest_valid(warn)
+            history = self.store.history() if self.history is None else self.history
+            chosen[0] = self.store.first_valid(history, warn)
         dist.broadcast_object_list(chosen, src=0, group=self.group)
         ckpt = chosen[0]
         if ckpt is None:

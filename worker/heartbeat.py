@@ -1,7 +1,9 @@
 """The agent's heartbeat: its own thread, so training, saving or a slow main loop never delay it.
 
 Each beat stamps `workers:seen` with Redis server time and carries the job and generation
-the agent currently serves (DESIGN.md section 5).
+the agent currently serves (DESIGN.md section 5). Its answer is also the agent's commit lease:
+a beat whose reply names the generation the agent serves *confirms* that generation as of the
+moment the beat was sent; a reply naming another one says the world was superseded.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ class Heartbeat:
         self.store, self.wid, self.interval_s, self.serving = store, wid, interval_s, serving
         self.beats = self.failures = 0
         self.clock_offset = 0.0  # Redis server time - local time: reports use server time
+        self.superseded = threading.Event()  # a beat saw the pointer move away from what we serve
+        self._confirmed: tuple[str, int, float] = ("", 0, float("-inf"))  # job, gen, monotonic send time
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
@@ -34,13 +38,26 @@ class Heartbeat:
         self._stop.set()
         self._thread.join(timeout=self.interval_s + 6)
 
+    def confirmed(self, job: str, generation: int, within_s: float) -> bool:
+        """True when a beat sent less than `within_s` ago found (job, generation) current.
+        The controller declares this worker dead only after `dead_after_s` of silence, so with
+        `within_s` < `dead_after_s` it cannot have been replaced for silence yet (any other move
+        of the generation is caught by the checkpoint CAS in Redis itself)."""
+        cjob, cgen, at = self._confirmed
+        return (cjob, cgen) == (job, generation) and time.monotonic() - at < within_s
+
     def _run(self) -> None:
         backoff, wait, down = Backoff(cap=self.interval_s), 0.0, False
         while not self._stop.wait(wait):
             t0 = time.monotonic()
             try:
                 job, gen = self.serving()
-                self.clock_offset = self.store.heartbeat(self.wid, job, gen) - time.time()
+                beat = self.store.heartbeat(self.wid, job, gen)
+                self.clock_offset = beat.time - time.time()
+                if job and (beat.job, beat.generation) == (job, gen):
+                    self._confirmed = (job, gen, t0)  # current as of t0, not of the reply
+                elif job:
+                    self.superseded.set()
                 self.beats += 1
                 if down:
                     log.info("heartbeats reach Redis again")

@@ -87,6 +87,15 @@ class Watch:
             f"checkpoint pointer (generation, step) went backwards: {self.pointers}")
 
 
+def start(stack: Stack, spec: dict) -> tuple[Watch, JobStatus]:
+    """Submit and wait until every rank of generation 1 has a trainer and trains."""
+    w = Watch(stack, stack.client.submit(spec).id)
+    j = w.until(lambda j: j.mesh.generation == 1 and j.mesh.ranks
+                and all(r.pid and r.state == "running" for r in j.mesh.ranks), 180,
+                "every rank of generation 1 to train")
+    return w, j
+
+
 def succeeded(stack: Stack, j: JobStatus) -> None:
     assert j.phase == "Succeeded", (
         f"job {j.id} is {j.phase}: {[(c.type, c.reason, c.message) for c in j.conditions]}\n{stack.logs()}")

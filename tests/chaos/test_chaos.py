@@ -14,23 +14,14 @@ import signal
 
 import pytest
 
-from tests.chaos.chaos import (EVERY, Hogs, Watch, assert_curve, at_step, completed, deprioritize,
+from tests.chaos.chaos import (EVERY, Hogs, assert_curve, at_step, completed, deprioritize,
                                events, gone, kill, mesh_spec, metrics_path, pin, rank, records,
-                               succeeded, wait_record)
+                               start, succeeded, wait_record)
 from tests.stack import WORKERS, process_groups_alive, tiny_spec, wait_until
 
 pytestmark = pytest.mark.slow
 
 KILL_AT = 8  # steps into generation 1 (of 25): past the first commit, well before the end
-
-
-def start(stack, spec) -> tuple[Watch, object]:
-    """Submit and wait until every rank of generation 1 has a trainer and trains."""
-    w = Watch(stack, stack.client.submit(spec).id)
-    j = w.until(lambda j: j.mesh.generation == 1 and j.mesh.ranks
-                and all(r.pid and r.state == "running" for r in j.mesh.ranks), 180,
-                "every rank of generation 1 to train")
-    return w, j
 
 
 def only_recovery(j, cause: str, action: str):

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from tests.launch import kill_all, run_trainer, start_trainer, step_records, train, wait_for
-from worker.ckpt_store import MANIFEST, CheckpointStore
+from worker.ckpt_store import MANIFEST, CheckpointStore, DamagedCheckpoint, Pointer, remove_checkpoints
 
 JOB = "ckpt"
+G0 = "g000000"  # a standalone run's generation directory
 
 
 def spec(steps: int, every: int, mode: str = "async", **parallel) -> dict:
@@ -26,7 +27,8 @@ def root_args(root: Path) -> list[str]:
 
 
 def committed_steps(root: Path) -> list[int]:
-    return sorted(int(d.name[5:]) for d in (root / JOB).glob("step-*") if (d / MANIFEST).is_file())
+    """Steps the standalone pointer (committed.json) names."""
+    return sorted(p.step for p in CheckpointStore(root, JOB).history())
 
 
 def losses(records: list[dict], first: int, last: int) -> dict[int, float]:
@@ -65,7 +67,7 @@ RESHARD = [  # (saved on, resumed on): covers dp 2->1, 1->2, 4->2, tp 2->1, pp 2
 @pytest.mark.parametrize("saved,resumed", RESHARD, ids=["dp2tp2-to-dp1", "dp4-to-dp2pp2", "pp2-to-dp2"])
 def test_resume_on_another_mesh(tmp_path, saved, resumed):
     full = train(spec(20, 10, **saved), tmp_path / "full", extra=root_args(tmp_path / "root"))
-    shutil.rmtree(tmp_path / "root" / JOB / "step-00000020")
+    shutil.rmtree(tmp_path / "root" / JOB / G0 / "step-00000020")
     out = run_trainer(spec(20, 10, **resumed), tmp_path / "resumed", extra=root_args(tmp_path / "root"))
     assert "resumed from step 10" in out.stdout and "resharded" in out.stdout
     got, want = losses(step_records(tmp_path / "resumed"), 10, 19), losses(full, 10, 19)
@@ -82,17 +84,18 @@ def test_sigkill_during_async_save_leaves_no_committed_partial(tmp_path):
 
     def shards_without_manifest() -> bool:
         return any(any(d.glob("*.distcp")) and not (d / MANIFEST).exists() and committed_steps(root)
-                   for d in (root / JOB).glob("step-*"))
+                   for d in (root / JOB / G0).glob("step-*"))
 
     wait_for("a save in flight after a committed one", shards_without_manifest, proc)
     kill_all(proc)
-    partial = [d for d in (root / JOB).glob("step-*") if not (d / MANIFEST).exists()]
+    partial = [d for d in (root / JOB / G0).glob("step-*") if not (d / MANIFEST).exists()]
     assert partial, "the kill did not land inside a save"
     newest_committed = committed_steps(root)[-1]
     assert all(int(d.name[5:]) > newest_committed for d in partial)
     again = run_trainer(s, run_dir, extra=root_args(root), fresh=False)
+    # the partial save is newer but no pointer names it: it is never even looked at
     assert f"resumed from step {newest_committed}" in again.stdout
-    assert "no commit marker" in again.stderr
+    assert "WARNING" not in again.stderr
 
 
 @pytest.mark.slow
@@ -100,14 +103,14 @@ def test_corrupt_shard_falls_back_to_previous(tmp_path):
     s = spec(20, 10, dp=2)
     run_dir, root = tmp_path / "run", tmp_path / "root"
     train(s, run_dir, extra=root_args(root) + ["--generation", "3"])
-    shard = sorted((root / JOB / "step-00000020").glob("*.distcp"))[0]
+    shard = sorted((root / JOB / "g000003" / "step-00000020").glob("*.distcp"))[0]
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    manifest = json.loads((root / JOB / "step-00000010" / MANIFEST).read_text())
+    manifest = json.loads((root / JOB / "g000003" / "step-00000010" / MANIFEST).read_text())
     assert manifest["generation"] == 3 and manifest["mesh"] == {"dp": 2, "pp": 1, "tp": 1}
-    again = run_trainer(s, run_dir, extra=root_args(root))
-    assert "step-00000020: checksum mismatch" in again.stderr
+    again = run_trainer(s, run_dir, extra=root_args(root) + ["--generation", "4"])
+    assert "g000003/step-00000020: checksum mismatch" in again.stderr
     assert "resumed from step 10" in again.stdout
     assert [r["step"] for r in step_records(run_dir)] == list(range(10, 20))
 
@@ -116,15 +119,15 @@ def test_corrupt_shard_falls_back_to_previous(tmp_path):
 def test_unusable_path_keeps_training_and_previous_checkpoint(tmp_path):
     s = spec(15, 5, mode="sync", dp=2)
     run_dir, root = tmp_path / "run", tmp_path / "root"
-    (root / JOB).mkdir(parents=True)
-    (root / JOB / "step-00000010").write_text("not a directory")  # the save of step 10 cannot land
+    (root / JOB / G0).mkdir(parents=True)
+    (root / JOB / G0 / "step-00000010").write_text("not a directory")  # the save of step 10 cannot land
     out = run_trainer(s, run_dir, extra=root_args(root))
     records = step_records(run_dir)
     assert [r["step"] for r in records] == list(range(15))
     assert "checkpoint at step 10 FAILED" in out.stderr
     assert committed_steps(root) == [5, 15]
     store = CheckpointStore(root, JOB)
-    assert store.verify(store.step_dir(5)).step == 5
+    assert store.verify(store.pointer(5)).step == 5
     events = [json.loads(x) for x in (run_dir / "steps.jsonl").read_text().splitlines() if "checkpoint_failed" in x]
     assert [e["step"] for e in events] == [10]
 
@@ -151,17 +154,52 @@ def test_disk_full_keeps_training_and_previous_checkpoint(tmp_path, tiny_disk):
     assert committed and committed[0] == 4
     store = CheckpointStore(tiny_disk, JOB)
     for step in committed:
-        store.verify(store.step_dir(step))
+        store.verify(store.pointer(step))
 
 
-def test_store_prunes_to_keep(tmp_path):
+def fake_checkpoint(store: CheckpointStore, step: int) -> Pointer:
+    d = store.step_dir(step)
+    d.mkdir(parents=True)
+    (d / ".metadata").write_bytes(b"m")
+    store.commit(step, {})
+    return store.pointer(step)
+
+
+def test_standalone_pointer_prunes_only_what_fell_out_of_it(tmp_path):
     store = CheckpointStore(tmp_path, JOB)
     for step in (1, 2, 3, 4):
-        d = store.step_dir(step)
-        d.mkdir(parents=True)
-        (d / ".metadata").write_bytes(b"m")
-        store.commit(step, {"generation": 0})
-    store.step_dir(5).mkdir()  # a save in flight: newer than everything, must survive
-    store.prune(keep=2)
-    assert [d.name for d in store.candidates()] == ["step-00000005", "step-00000004", "step-00000003"]
-    assert store.verify(store.step_dir(4)).manifest["step"] == 4
+        fake_checkpoint(store, step)
+        remove_checkpoints(store.dir, store.record(step, keep=2))
+    store.step_dir(5).mkdir()  # a save in flight: no pointer names it, nothing may delete it
+    assert sorted(d.name for d in store.gen_dir.iterdir()) == ["step-00000003", "step-00000004", "step-00000005"]
+    assert [p.step for p in store.history()] == [4, 3]
+    assert store.verify(store.pointer(4)).manifest["step"] == 4
+
+
+def test_restore_ignores_forged_and_foreign_checkpoints(tmp_path):
+    """A newer step-* directory that no pointer names is never read, and a checkpoint of
+    another job (or generation) copied to where the pointer points fails verification."""
+    ours = CheckpointStore(tmp_path, JOB, generation=2, writer="job-a")
+    good = fake_checkpoint(ours, 10)
+    forged = CheckpointStore(tmp_path, JOB, generation=9, writer="job-a")
+    fake_checkpoint(forged, 99)  # a stale or forged newer directory
+    assert ours.first_valid([good], warn=print).step == 10
+
+    theirs = CheckpointStore(tmp_path / "other", JOB, generation=2, writer="job-b")
+    foreign = fake_checkpoint(theirs, 20)
+    copy = ours.step_dir(20)
+    shutil.copytree(foreign.path, copy)
+    skipped: list[str] = []
+    assert ours.first_valid([ours.pointer(20), good], warn=skipped.append).step == 10
+    assert skipped == [f"g000002/step-00000020: manifest says job 'job-b' generation 2 step 20, "
+                       f"the pointer says job 'job-a' generation 2 step 20"]
+    with pytest.raises(DamagedCheckpoint, match="generation 9"):
+        ours.verify(Pointer(99, 2, str(forged.step_dir(99))))
+
+
+def test_removal_never_leaves_the_job_directory(tmp_path):
+    store = CheckpointStore(tmp_path / "ck", JOB)
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    remove_checkpoints(store.dir, [Pointer(1, 0, str(outside)), Pointer(1, 0, str(store.dir / ".." / "step-1"))])
+    assert outside.is_dir()

@@ -1,0 +1,48 @@
+"""The checkpoint pointer in a real Redis: moved only by the generation CAS, with the history a
+restore falls back to, and the one list of directories anyone may delete."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.store import Store
+
+
+@pytest.fixture
+def store(redis_server):
+    s = Store(redis_server.url, prefix="t:")
+    yield s
+    s.close()
+
+
+def test_pointer_moves_only_in_the_current_generation_and_forward(store):
+    store.r.hset(store.keys.job("j"), "generation", 2)
+    assert store.commit_checkpoint("j", 1, 10, "/ck/g1/step-10") is None  # a superseded world
+    assert store.commit_checkpoint("j", 2, 10, "/ck/g2/step-10") == []
+    assert store.commit_checkpoint("j", 2, 10, "/ck/g2/step-10-again") is None  # not forward
+    assert store.commit_checkpoint("j", 2, 5, "/ck/g2/step-5") is None
+    assert store.commit_checkpoint("j", 2, 20, "/ck/g2/step-20") == []
+    store.r.hset(store.keys.job("j"), "generation", 3)  # a restart restored an older step
+    assert store.commit_checkpoint("j", 3, 15, "/ck/g3/step-15") == []
+    ck = store.checkpoint("j")
+    assert (ck["step"], ck["path"], ck["generation"]) == ("15", "/ck/g3/step-15", "3")
+    assert [h["path"] for h in store.checkpoint_history("j")] == [
+        "/ck/g3/step-15", "/ck/g2/step-20", "/ck/g2/step-10"]
+
+
+def test_only_entries_past_keep_are_returned_for_deletion(store):
+    store.r.hset(store.keys.job("j"), "generation", 1)
+    dropped = [store.commit_checkpoint("j", 1, s, f"/ck/g1/step-{s}", keep=2) for s in (5, 10, 15, 20)]
+    assert dropped == [[], [], [{"step": 5, "generation": 1, "path": "/ck/g1/step-5"}],
+                       [{"step": 10, "generation": 1, "path": "/ck/g1/step-10"}]]
+    assert [h["step"] for h in store.checkpoint_history("j")] == [20, 15]
+    # a refused commit deletes nothing and leaves the history as it was
+    assert store.commit_checkpoint("j", 0, 25, "/ck/g0/step-25", keep=1) is None
+    assert [h["step"] for h in store.checkpoint_history("j")] == [20, 15]
+
+
+def test_heartbeat_answers_with_the_workers_pointer(store):
+    assert (b := store.heartbeat("w1", "", 0)).job == "" and b.generation == 0
+    store.r.hset(store.keys.worker_assignment("w1"), mapping={"job": "j", "generation": 4})
+    b = store.heartbeat("w1", "j", 3)
+    assert (b.job, b.generation) == ("j", 4)  # the agent serving generation 3 learns it is superseded
