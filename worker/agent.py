@@ -4,6 +4,12 @@ The assignment pointer `worker:{wid}:assignment` (controller-written) says which
 generation this worker serves. The agent learns of changes by pub/sub and re-reads the pointer
 on every reconnect and every few seconds (pub/sub is lossy). It acts only on a pointer it has
 read: losing Redis never stops training; a withdrawn or superseded assignment does.
+
+Checkpoint fencing on the agent's side (docs/fault-tolerance.md, "Fencing"): trainers are
+handed the committed pointer history from Redis and restore only from it; rank 0's agent moves
+the pointer through the generation CAS, and only while a heartbeat has confirmed its
+generation within half of `dead_after_s` (its commit lease); it deletes only the checkpoints
+that CAS reports as dropped from the history.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import redis
 from services.assignment import Assignment
 from services.procs import stop_all
 from services.store import Backoff, Store, loads
+from worker.ckpt_store import Pointer, remove_checkpoints
 from worker.heartbeat import Heartbeat
 from worker.metrics import AgentMetrics
 from worker.probe import Prober
@@ -54,6 +61,8 @@ class Run:
     generation: int
     role: str  # rank | spare
     ranks: dict[int, RankProcess] = field(default_factory=dict)
+    lease_s: float = 1.0  # commit only within this long of a beat that confirmed the generation
+    checkpoints: Path | None = None  # the job's checkpoint directory (only what CAS drops is deleted)
 
     @property
     def active(self) -> bool:
@@ -125,6 +134,9 @@ class Agent:
             self._shutdown()
 
     def _sync(self) -> None:
+        if self.heartbeat.superseded.is_set():  # a beat saw the pointer move: act on it now
+            self.heartbeat.superseded.clear()
+            self._reread_at = 0.0
         if self._pubsub is None:  # (re)connect: register again and re-read the pointer
             self._register()
             ps = self.store.r.pubsub(ignore_subscribe_messages=True)
@@ -184,15 +196,20 @@ class Agent:
         # Always under the agent's root, whatever the spec says (DESIGN.md section 10), and per
         # job id: the trainer names its directory after the spec's name, which jobs may share.
         ckpt_root = (self.cfg.checkpoint_root or self.cfg.run_dir / "checkpoints") / job
-        run = Run(job, generation, role)
+        # Restore follows the committed pointer, never the newest directory on disk. Read after
+        # the new assignment: the CAS refuses the old generation from then on, so this history
+        # is final for this generation's start.
+        restore_path = d / "restore.json"
+        restore_path.write_text(json.dumps(self.store.checkpoint_history(job)))
+        run = Run(job, generation, role, lease_s=spec["fault_tolerance"]["dead_after_s"] / 2,
+                  checkpoints=ckpt_root / spec["name"])
         for e in asg.ranks_of(self.cfg.wid):
             env = {"RANK": str(e.rank), "WORLD_SIZE": str(asg.shape.world_size),
                    "LOCAL_RANK": str(e.local_rank), "LOCAL_WORLD_SIZE": str(e.local_world_size),
-                   "MASTER_ADDR": asg.master_addr, "MASTER_PORT": str(asg.master_port),
-                   "MESHKEEPER_JOB": job, "MESHKEEPER_GENERATION": str(generation),
-                   "MESHKEEPER_COORD": ",".join(map(str, e.coord))}
+                   "MASTER_ADDR": asg.master_addr, "MASTER_PORT": str(asg.master_port)}
             argv = ["--spec", str(spec_path), "--metrics-out", str(d / "metrics-{rank}.jsonl"),
-                    "--checkpoint-root", str(ckpt_root), "--generation", str(generation)]
+                    "--checkpoint-root", str(ckpt_root), "--generation", str(generation),
+                    "--job-id", job, "--restore-from", str(restore_path)]
             metrics, log_path = d / f"metrics-{e.rank}.jsonl", d / f"rank{e.rank}.log"
             proc = self.launcher.launch(argv, env, log_path)
             run.ranks[e.rank] = RankProcess(e.rank, proc, metrics, log_path, window, self._now())
@@ -269,7 +286,12 @@ class Agent:
         while self._outbox:
             kind, job, generation, body = self._outbox[0]
             if kind == "checkpoint":
-                self.store.commit_checkpoint(job, generation, int(body["step"]), str(body.get("path", "")))
+                if not self._may_commit(job, generation):
+                    return  # held, progress too (it must not overtake the commit), until a beat confirms
+                dropped = self.store.commit_checkpoint(job, generation, int(body["step"]),
+                                                       str(body.get("path", "")), int(body.get("keep", 1)))
+                if dropped and self.run is not None and self.run.job == job and self.run.checkpoints:
+                    remove_checkpoints(self.run.checkpoints, [Pointer.from_json(p) for p in dropped])
             else:
                 self.store.add_event(job, {**body, "generation": generation,
                                            "source": f"agent/{self.cfg.wid}"})
@@ -281,6 +303,14 @@ class Agent:
                 "ranks": {str(r): p.report() for r, p in run.ranks.items()},
                 "updated_at": time.time()})
         self._dirty = False
+
+    def _may_commit(self, job: str, generation: int) -> bool:
+        """The commit lease: an agent that cannot confirm its generation commits nothing. A run
+        that already ended (superseded) has nothing to confirm: its CAS is refused in Redis."""
+        run = self.run
+        if run is None or (run.job, run.generation) != (job, generation):
+            return True
+        return self.heartbeat.confirmed(job, generation, run.lease_s)
 
     def _publish_quietly(self) -> None:
         try:

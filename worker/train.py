@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from services.spec import SpecError, check_world_size, load_spec
 from worker.checkpoint import Checkpointer, restored_line
-from worker.ckpt_store import CheckpointStore
+from worker.ckpt_store import CheckpointStore, read_history
 from worker.data import DataError
 from worker.parallel import ParallelDims, RankContext
 from worker.progress import Collectives, counters_path
@@ -34,8 +34,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--spec", required=True, help="job spec (YAML or JSON)")
     ap.add_argument("--metrics-out", help="JSON lines, one per step; '{rank}' in the path = one file per rank")
     ap.add_argument("--checkpoint-root", help="checkpoint directory root (overrides checkpoint.root)")
-    ap.add_argument("--generation", type=int, default=int(os.environ.get("MK_GENERATION", 0)),
-                    help="the job's generation, recorded in every checkpoint")
+    ap.add_argument("--generation", type=int, default=0,
+                    help="the job's generation: checkpoints are written under g{generation}/ only")
+    ap.add_argument("--job-id", help="the controller's job id, recorded as every checkpoint's writer "
+                    "(default: the spec's name)")
+    ap.add_argument("--restore-from", help="JSON file with the committed checkpoint pointers, newest "
+                    "first (the agent writes it from Redis); without it a standalone run follows its "
+                    "own {checkpoint root}/{name}/committed.json")
     ap.add_argument("--quiet", action="store_true", help="no per-step lines")
     return ap.parse_args(argv)
 
@@ -106,14 +111,15 @@ def make_checkpointer(args, spec, trainer: Trainer, metrics: "MetricsWriter") ->
     if not root:
         return None
     p = spec.parallel
-    meta = {"job": spec.name, "generation": args.generation, "torch": torch.__version__,
-            "mesh": {"dp": p.dp, "pp": p.pp, "tp": p.tp}}
-    return Checkpointer(trainer, CheckpointStore(root, spec.name), mode=spec.checkpoint.mode,
-                        keep=spec.checkpoint.keep, meta=meta, report=metrics.write)
+    meta = {"job": spec.name, "torch": torch.__version__, "mesh": {"dp": p.dp, "pp": p.pp, "tp": p.tp}}
+    store = CheckpointStore(root, spec.name, generation=args.generation, writer=args.job_id)
+    history = read_history(args.restore_from) if args.restore_from else None
+    return Checkpointer(trainer, store, mode=spec.checkpoint.mode, keep=spec.checkpoint.keep,
+                        meta=meta, report=metrics.write, history=history)
 
 
 def resume(ckpt: Checkpointer | None, spec, say, metrics: "MetricsWriter") -> int:
-    """The first step to run: after the newest valid checkpoint, or 0."""
+    """The first step to run: after the newest committed checkpoint that verifies, or 0."""
     t0 = time.perf_counter()
     restored = ckpt.restore() if ckpt else None
     if restored is None:
