@@ -116,6 +116,7 @@ class RankProcess:
 
     def __post_init__(self) -> None:
         self.progress_at = self.started_at
+        self.memory.sample(self.proc.pid)  # the cgroup baseline, before the rank can allocate
 
     def poll_state(self) -> bool:
         """Re-read the process's scheduler state (R, S, D, T...), CPU use, collective counters
