@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from controller.availability import RedisAvailability
 from controller.faults import FaultHandler
 from controller.jobs import Job
 from controller.placement import FreeWorker, Placement, natural_key, place
@@ -54,8 +55,10 @@ class FreePool:
 
 
 class Scheduler:
-    def __init__(self, store: Store, cfg: SchedulerConfig, controller_id: str):
+    def __init__(self, store: Store, cfg: SchedulerConfig, controller_id: str, *,
+                 availability: RedisAvailability | None = None):
         self.store, self.cfg, self.me = store, cfg, controller_id
+        self.availability = availability or RedisAvailability()  # see `follow`
         self.k = store.keys
         self.faults = FaultHandler(self)
         self.pool = FreePool(list)  # each pass starts its own (`run_once`)
@@ -190,15 +193,21 @@ class Scheduler:
         if asg is None or asg.generation != job.generation:
             return  # being rewritten; next pass
         seen = self.store.last_seen(asg.workers)
+        progress = self.store.progress(asg.workers)
         dead_after = job.spec["fault_tolerance"]["dead_after_s"]
-        alive = {w for w, t in seen.items() if now - t <= dead_after}
-        ranks = rank_view(asg, self.store.progress(asg.workers), alive)
+        # Silence (heartbeat age, frozen progress) counts only if Redis could take the agents'
+        # reports all along: after a stall or restart of Redis, or a gap in our own access to
+        # it, nothing is judged until it has been available for a full dead_after_s again
+        # (controller/availability.py). The probe comes after the reads above, so a stall
+        # between `now` and them is seen too.
+        self.availability.probe(self.store)
+        judge = seen if self.availability.steady(dead_after) else None
+        alive = {w for w, t in seen.items() if now - t <= dead_after} if judge is not None else None
+        ranks = rank_view(asg, progress, alive)
         if all(r["state"] == "succeeded" for r in ranks):
             self.finish(job, asg, ranks, "Succeeded", "AllRanksSucceeded",
                         f"{len(ranks)} ranks finished {job.total_steps} steps", lease, now)
             return
-        # Right after a Redis restart every heartbeat is old: nobody could write one.
-        judge = seen if self.store.uptime_s() > dead_after + 1 else None
         if self.faults.check(job, asg, ranks, judge, lease, now):
             return
         before = job.fields()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import redis
 
+from controller.availability import RedisAvailability
 from controller.lease import LeaseKeeper
 from controller.metrics import ControllerMetrics
 from controller.scheduler import Scheduler, SchedulerConfig
@@ -36,7 +37,9 @@ class Controller:
         self.id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
         self.store = Store(cfg.redis_url, cfg.prefix)
         self.lease = LeaseKeeper(self.store, self.id, cfg.lease_ttl_s)
-        self.scheduler = Scheduler(self.store, cfg.scheduler, self.id)
+        # Redis as this controller sees it: silence is judged only while it was there for all
+        self.availability = RedisAvailability()
+        self.scheduler = Scheduler(self.store, cfg.scheduler, self.id, availability=self.availability)
         self.metrics = ControllerMetrics(self)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="reconcile", daemon=True)
@@ -63,12 +66,14 @@ class Controller:
                 continue
             t0 = time.perf_counter()
             try:
+                self.availability.probe(self.store)  # every pass: the gaps between passes count
                 self.scheduler.run_once(lease)
                 backoff.reset()
             except Fenced:
                 log.warning("a write was fenced: another controller leads now")
             except redis.RedisError as e:
-                log.warning("Redis unavailable (%s); retrying", e)
+                self.availability.failed(e)  # logs once per outage
+                log.debug("reconcile pass: Redis unavailable (%s); retrying", e)
                 self._stop.wait(backoff.next())
             except Exception:  # a bug must not kill the loop; it is logged and retried
                 log.exception("reconcile pass failed")

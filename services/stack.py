@@ -3,6 +3,12 @@ processes, one log file each under the run dir, stopped in order and completely.
 
 Every child gets its own process group (Ctrl-C in the terminal reaches only `up`, which
 then stops agents first so they stop their trainers) and dies with `up` if `up` is killed.
+
+Redis keeps its data in an append-only file under `{run_dir}/redis` (fsync every second), and
+`up` restarts a redis-server that exits on the same port and directory: it reloads every job,
+and the controller and agents reconnect on their own. A SIGKILL of redis-server loses no
+acknowledged write (Redis write(2)s the AOF before it replies, and the page cache outlives the
+process); only a crash of the whole host can lose the last second.
 """
 
 from __future__ import annotations
@@ -52,13 +58,27 @@ class StackConfig:
     warm: int = 1
 
 
+REDIS_RESTARTS = 5  # at most this many restarts of redis-server within REDIS_RESTART_WINDOW_S
+REDIS_RESTART_WINDOW_S = 60.0
+
+
+def redis_argv(exe: str, port: int, data_dir: Path) -> list[str]:
+    """The redis-server command line of `meshkeeper up`: AOF in the run dir, fsync every
+    second, no RDB snapshots (the AOF alone is reloaded on start)."""
+    return [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir),
+            "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""]
+
+
 class LocalStack:
-    def __init__(self, cfg: StackConfig):
+    def __init__(self, cfg: StackConfig, say: Callable[[str], None] | None = None):
         self.cfg = cfg
         self.url = f"http://127.0.0.1:{cfg.port}"
         self.redis_url = cfg.redis_url or ""
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs = cfg.run_dir / "logs"
+        self.redis_argv: list[str] = []  # set when we run redis-server ourselves
+        self._redis_restarts: list[float] = []  # monotonic times
+        self.say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -93,9 +113,12 @@ class LocalStack:
         port = free_port()
         data = self.cfg.run_dir / "redis"
         data.mkdir(parents=True, exist_ok=True)
-        self._spawn("redis", [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
-                              "--save", "", "--appendonly", "no"])
+        self.redis_argv = redis_argv(exe, port, data)
+        self._spawn("redis", self.redis_argv)
         self.redis_url = f"redis://127.0.0.1:{port}/0"
+        self._wait_redis(timeout_s)
+
+    def _wait_redis(self, timeout_s: float) -> None:
         store = Store(self.redis_url)
         try:
             wait_for_redis(store, timeout_s)
@@ -109,10 +132,28 @@ class LocalStack:
             raise StackError(f"the stack was not ready within {timeout_s:.0f}s; see the logs in {self.logs}")
 
     def check(self) -> None:
-        """Raise if a process of the stack exited."""
+        """Restart our redis-server if it exited; raise if any other process of the stack exited."""
+        redis_proc = self.procs.get("redis")
+        if redis_proc is not None and self.redis_argv and redis_proc.poll() is not None:
+            self._restart_redis(redis_proc.returncode)
         for name, p in self.procs.items():
             if p.poll() is not None:
                 raise StackError(f"{name} exited with code {p.returncode}; see {self.logs / name}.log")
+
+    def _restart_redis(self, code: int | None) -> None:
+        """Same port, same AOF directory: jobs, workers and the checkpoint pointers come back
+        from the AOF; the controller and the agents reconnect by themselves."""
+        now = time.monotonic()
+        self._redis_restarts = [t for t in self._redis_restarts if now - t < REDIS_RESTART_WINDOW_S]
+        if len(self._redis_restarts) >= REDIS_RESTARTS:
+            raise StackError(f"redis-server exited {len(self._redis_restarts) + 1} times within "
+                             f"{REDIS_RESTART_WINDOW_S:.0f}s (last code {code}); see {self.logs / 'redis.log'}")
+        self._redis_restarts.append(now)
+        self.say(f"meshkeeper up: redis-server exited (code {code}); restarting it on "
+                 f"{self.redis_url} from its append-only file in {self.cfg.run_dir / 'redis'}")
+        self._spawn("redis", self.redis_argv)
+        self._wait_redis(30.0)
+        self.say("meshkeeper up: redis-server is back; every job was reloaded from its append-only file")
 
     def stop(self) -> None:
         """Agents first (they stop their trainers), then the controller, then Redis."""

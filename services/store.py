@@ -183,12 +183,22 @@ def loads(value: str | None, default: Any = None) -> Any:
 class Store:
     """One Redis connection pool plus the contract's operations. Thread-safe."""
 
-    def __init__(self, url: str, prefix: str = "mk:", *, socket_timeout: float = 5.0):
+    # How long one call may block when Redis stalls or cannot be reached, before it raises
+    # RedisError and the caller's own loop backs off and logs it (DESIGN.md section 7):
+    #   worst case = (retries + 1) x (connect_timeout + socket_timeout) + retries x backoff (<= 0.5 s)
+    # A frozen redis-server still accepts connections (the kernel does), so a stall costs the
+    # socket timeouts only: with these defaults 2 x 2.0 s + ~0.1 s, about 4 s (it was 3 x 5 s).
+    # That is a bound for the controller and the agent's main loop, whose calls wait out short
+    # blips; the controller judges no silence after such a gap (controller/availability.py).
+    # The heartbeat, which has to reach Redis within dead_after_s (2 s by default), uses its
+    # own tighter bound (worker/heartbeat.py).
+    def __init__(self, url: str, prefix: str = "mk:", *, socket_timeout: float = 2.0,
+                 connect_timeout: float = 1.0, retries: int = 1):
         self.url = url
         self.keys = Keys(prefix)
         self.r = redis.Redis.from_url(
-            url, decode_responses=True, socket_connect_timeout=2.0, socket_timeout=socket_timeout,
-            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
+            url, decode_responses=True, socket_connect_timeout=connect_timeout,
+            socket_timeout=socket_timeout, retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries),
             retry_on_error=[redis.ConnectionError, redis.TimeoutError], health_check_interval=5)
         self._heartbeat = self.r.register_script(scripts.HEARTBEAT)
         self._fenced = self.r.register_script(scripts.FENCED_EXEC)

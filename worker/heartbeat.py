@@ -18,12 +18,20 @@ import redis
 from services.store import Backoff, Store
 
 log = logging.getLogger("meshkeeper.agent")
+BEAT_TIMEOUT_S = 0.5  # per connect and per reply; no retry inside the call (the loop retries)
 
 
 class Heartbeat:
     def __init__(self, store: Store, wid: str, interval_s: float,
                  serving: Callable[[], tuple[str, int]]):
         self.store, self.wid, self.interval_s, self.serving = store, wid, interval_s, serving
+        # Its own connection, with a tight bound: a beat stuck on a dead or frozen connection must
+        # fail fast and retry on a fresh one, or a healthy worker goes silent for the main Store's
+        # ~4 s. One attempt blocks at most connect 0.5 s + reply 0.5 s = 1 s, then the next one
+        # starts within interval_s (0.5 s): 1.5 s < dead_after_s (2 s by default, and at least
+        # 2 x heartbeat_s). A beat that timed out may still land: Redis stamps it when it runs it.
+        self.store = Store(store.url, store.keys.prefix, socket_timeout=BEAT_TIMEOUT_S,
+                           connect_timeout=BEAT_TIMEOUT_S, retries=0)
         self.beats = self.failures = 0
         self.clock_offset = 0.0  # Redis server time - local time: reports use server time
         self.superseded = threading.Event()  # a beat saw the pointer move away from what we serve
@@ -37,6 +45,7 @@ class Heartbeat:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=self.interval_s + 6)
+        self.store.close()
 
     def confirmed(self, job: str, generation: int, within_s: float) -> bool:
         """True when a beat sent less than `within_s` ago found (job, generation) current.

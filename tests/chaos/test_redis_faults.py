@@ -1,0 +1,209 @@
+"""Chaos: Redis stalls and restarts under a running job (DESIGN.md section 7, issue 10).
+
+Trainers hold no Redis connection, so they train straight through a Redis fault; what can go
+wrong is the controller's judgement: every agent's heartbeats stop while Redis is away, and a
+controller that judges silence naively declares healthy workers dead (a false recovery, a
+restart spent, a new generation). Silence is judged against Redis's own availability as the
+controller sees it (controller/availability.py); these tests hold it to that with real
+processes: each job ends Succeeded in generation 1, no restart counted, no recovery recorded,
+and its loss curve bit for bit equal to an uninterrupted torchrun run of the same spec.
+
+The jobs run 300 tiny steps (not the chaos suite's 25): the trainers do not pause while Redis
+is stopped, and the job has to still be training after the last fault, while a naive judge
+would fire (each test checks that it was).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from services.client import Client
+from services.procs import descendants, free_port
+from services.stack import wait_ready
+from services.store import Store
+from tests.chaos.chaos import (Watch, assert_curve, at_step, events, mesh_spec, metrics_path, records,
+                               succeeded, wait_record)
+from tests.stack import ENV, ROOT, wait_until
+
+pytestmark = pytest.mark.slow
+
+STEPS = 300  # ~0.05-0.15 s each on 2 shared cores: the job outlasts both faults
+
+
+def spec_for(name: str, **ft) -> dict:
+    return mesh_spec(name, parallel={"dp": 2}, steps=STEPS, **ft)
+
+
+def start(stack, spec) -> Watch:
+    w = Watch(stack, stack.client.submit(spec).id)
+    w.until(lambda j: j.mesh.generation == 1 and j.mesh.ranks
+            and all(r.pid and r.state == "running" for r in j.mesh.ranks), 180,
+            "every rank of generation 1 to train")
+    return w
+
+
+def untouched(stack, j) -> None:
+    """The job never restarted: no recovery, no restart counted, still generation 1."""
+    assert j.recoveries == [], j.recoveries
+    assert (j.restarts, j.generation) == (0, 1), (j.restarts, j.generation)
+    reasons = [e.reason for e in events(stack, j.id)]
+    assert "RecoveryStarted" not in reasons, reasons
+
+
+def still_training(path: Path, what: str) -> None:
+    """The precondition that makes the test able to fail: rank 0 had not finished yet."""
+    recs = records(path)
+    last = max((r["step"] for r in recs if "step" in r and "event" not in r), default=-1)
+    assert last < STEPS - 1 and not any(r.get("event") == "done" for r in recs), (
+        f"rank 0 already reached step {last} of {STEPS} {what}: the job no longer proves anything; "
+        "raise STEPS")
+
+
+def store_call_bound() -> float:
+    """How long one call of a default Store blocks on a frozen Redis: (retries + 1) socket
+    timeouts (services/store.py). The longest any client of the stack waits in one call."""
+    d = {k: p.default for k, p in inspect.signature(Store.__init__).parameters.items()}
+    return (d["retries"] + 1) * d["socket_timeout"]
+
+
+# -- 1 ------------------------------------------------------------------------------------
+def test_redis_stall_causes_no_recovery(stack, uninterrupted):
+    """SIGSTOP redis-server for 2 x dead_after_s, SIGCONT; then for longer than any client's
+    call bound, so every client's calls time out and fail, SIGCONT. After each, the test waits
+    out twice dead_after_s, the time in which a naive judge declares the workers dead."""
+    spec = spec_for("redis-stall")
+    dead_after = spec["fault_tolerance"]["dead_after_s"]
+    want = uninterrupted(spec)
+    w = start(stack, spec)
+    m0 = metrics_path(stack, w.poll(), 0)
+    wait_record(m0, at_step(3), 120, "rank 0 at step 3")
+    redis_pid = stack.redis.proc.pid
+    for stall in (2 * dead_after, store_call_bound() + 1.0):
+        os.kill(redis_pid, signal.SIGSTOP)
+        try:
+            time.sleep(stall)
+        finally:
+            os.kill(redis_pid, signal.SIGCONT)
+        wait_until(lambda: stack.client.ready(), 30, "the controller to reach Redis again")
+        wait_until(lambda: all(x.alive for x in stack.client.workers()), 30, "every agent to beat again")
+        time.sleep(2 * dead_after)
+        j = w.poll()
+        assert j.phase == "Running", (j.phase, j.conditions, stack.logs())
+        untouched(stack, j)
+        still_training(m0, f"{2 * dead_after:.0f}s after a {stall:.1f}s Redis stall")
+    j = w.finish()
+    succeeded(stack, j)
+    untouched(stack, j)
+    assert_curve(stack, j, want, exact=True)
+
+
+# -- 2 ------------------------------------------------------------------------------------
+class UpStack:
+    """`meshkeeper up` as the user runs it, seen through the attributes the chaos helpers use
+    (`work`, `client`, `job_dir`, `logs`): it lays out its run dir like the test stack."""
+
+    def __init__(self, run: Path, port: int):
+        self.work, self.url = run, f"http://127.0.0.1:{port}"
+        self.log = run.parent / "up.log"
+        env = {k: v for k, v in ENV.items() if k != "REDIS_URL"}
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "services.cli", "up", "--workers", "2", "--warm", "1",
+                 "--port", str(port), "--run-dir", str(run)],
+                cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        self.client = Client(self.url)
+
+    def job_dir(self, wid: str, job: str, generation: int = 1) -> Path:
+        return self.work / "workers" / wid / "jobs" / job / f"g{generation}"
+
+    def redis_pid(self) -> int | None:
+        for pid in descendants(self.proc.pid):
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "redis-server":
+                    return pid
+            except OSError:
+                pass
+        return None
+
+    def logs(self) -> str:
+        out = [f"--- up\n{self.log.read_text(errors='replace')[-1500:]}"]
+        for name in ("controller", "redis"):
+            f = self.work / "logs" / f"{name}.log"
+            if f.exists():
+                out.append(f"--- {name}\n{f.read_text(errors='replace')[-1500:]}")
+        return "\n".join(out)
+
+    def close(self) -> None:
+        self.client.close()
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.send_signal(signal.SIGTERM)  # `up` stops agents, controller, Redis in order
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                for pid in [self.proc.pid, *descendants(self.proc.pid)]:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                self.proc.wait()
+
+
+def test_redis_restart_under_meshkeeper_up(tmp_path, uninterrupted):
+    """SIGKILL the redis-server `meshkeeper up` runs, mid-job; `up` restarts it on the same
+    port from its append-only file. `up` is held (SIGSTOP) for 2 x dead_after_s first, so Redis
+    stays away that long, as a slow restart would: beats fail meanwhile, and the reloaded
+    heartbeats are all old when it comes back. The job is still there and finishes exactly."""
+    spec = spec_for("redis-restart", spares=0)  # `up --workers 2`: both workers train
+    dead_after = spec["fault_tolerance"]["dead_after_s"]
+    want = uninterrupted(spec)
+    up = UpStack(tmp_path / "run", free_port())
+    try:
+        assert wait_ready(up.url, 2, 120, lambda: None if up.proc.poll() is None else
+                          pytest.fail(f"meshkeeper up exited:\n{up.logs()}")), up.logs()
+        w = Watch(up, up.client.submit(spec).id)
+        j1 = w.until(lambda j: j.mesh.generation == 1 and j.mesh.ranks
+                     and all(r.pid and r.state == "running" for r in j.mesh.ranks), 180,
+                     "every rank of generation 1 to train")
+        m0 = metrics_path(up, j1, 0)
+        wait_record(m0, at_step(3), 120, "rank 0 at step 3")
+        wait_until(lambda: up.client.job(j1.id).last_checkpoint, 60, "a committed checkpoint")
+        old = up.redis_pid()
+        assert old, f"no redis-server under meshkeeper up:\n{up.logs()}"
+        os.kill(up.proc.pid, signal.SIGSTOP)  # `up` cannot restart Redis yet
+        try:
+            os.kill(old, signal.SIGKILL)
+            time.sleep(2 * dead_after)
+        finally:
+            os.kill(up.proc.pid, signal.SIGCONT)
+        new = wait_until(lambda: (p := up.redis_pid()) not in (None, old) and p, 30,
+                         "meshkeeper up to restart redis-server")
+        wait_until(lambda: up.client.ready(), 30, "the controller to reach Redis again")
+        assert "restarting it" in up.log.read_text(), up.logs()
+        # the job and its state came back from the AOF, in the run dir
+        j = w.poll()
+        assert j.phase == "Running" and j.generation == 1, (j.phase, j.generation)
+        assert j.last_checkpoint is not None and j.last_checkpoint.generation == 1
+        assert [s.id for s in up.client.jobs()] == [j1.id]
+        assert any((tmp_path / "run" / "redis").glob("appendonlydir/*.aof")), list(
+            (tmp_path / "run" / "redis").rglob("*"))
+        wait_until(lambda: all(x.alive for x in up.client.workers()), 30, "both agents to beat again")
+        time.sleep(2 * dead_after)  # where a naive judge would declare them dead
+        j = w.poll()
+        untouched(up, j)
+        still_training(m0, "after the Redis restart")
+        j = w.finish()
+        succeeded(up, j)
+        untouched(up, j)
+        assert up.redis_pid() == new and up.proc.poll() is None
+        assert_curve(up, j, want, exact=True)
+    finally:
+        up.close()

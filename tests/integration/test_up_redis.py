@@ -1,0 +1,67 @@
+"""The redis-server `meshkeeper up` runs (services/stack.py): AOF with fsync every second in its
+run dir, read back from the running server itself, and restarted by `up` from that AOF with
+every key intact after a SIGKILL. A real redis-server; no controller or agents (fast)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from services.stack import LocalStack, StackConfig, StackError, redis_argv
+from services.store import Store
+from tests.stack import wait_until
+
+
+def test_command_line_keeps_an_aof_in_the_run_dir(tmp_path):
+    argv = redis_argv("/usr/bin/redis-server", 6390, tmp_path / "redis")
+    opts = dict(zip(argv[1::2], argv[2::2]))
+    assert opts["--appendonly"] == "yes"
+    assert opts["--appendfsync"] == "everysec"
+    assert opts["--dir"] == str(tmp_path / "redis")
+    assert opts["--bind"] == "127.0.0.1"
+
+
+@pytest.fixture
+def local(tmp_path):
+    said: list[str] = []
+    s = LocalStack(StackConfig(workers=0, port=0, run_dir=tmp_path / "run"), say=said.append)
+    s.said = said
+    yield s
+    s.stop()
+
+
+def test_up_redis_runs_with_aof_and_comes_back_with_every_key(local):
+    local._start_redis(20)
+    store = Store(local.redis_url)
+    try:
+        cfg = store.r.config_get("*")  # what the running server actually uses
+        assert (cfg["appendonly"], cfg["appendfsync"]) == ("yes", "everysec")
+        assert Path(cfg["dir"]) == (local.cfg.run_dir / "redis").resolve()
+        store.r.set("mk:probe", "kept")
+        store.r.hset("mk:job:{j1}", mapping={"phase": "Running"})
+        old = local.procs["redis"].pid
+        os.kill(old, signal.SIGKILL)  # no fsync forced: the write(2) before the reply suffices
+        wait_until(lambda: local.procs["redis"].poll() is not None, 10, "redis-server to die")
+        local.check()  # what `up` does every 0.5 s: restart it, same port, same AOF
+        assert local.procs["redis"].pid != old
+        assert store.r.get("mk:probe") == "kept"
+        assert store.r.hgetall("mk:job:{j1}") == {"phase": "Running"}
+        assert any("restarting it" in m for m in local.said), local.said
+        assert list((local.cfg.run_dir / "redis" / "appendonlydir").glob("*.aof"))
+    finally:
+        store.close()
+
+
+def test_up_gives_up_on_a_redis_that_keeps_dying(local, monkeypatch):
+    monkeypatch.setattr("services.stack.REDIS_RESTARTS", 1)
+    local._start_redis(20)
+    local.procs["redis"].kill()
+    local.procs["redis"].wait()
+    local.check()  # the first exit: restarted
+    local.procs["redis"].kill()
+    local.procs["redis"].wait()
+    with pytest.raises(StackError, match="exited 2 times"):
+        local.check()
