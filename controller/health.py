@@ -84,9 +84,9 @@ def out_of_memory(ranks: list[dict]) -> str | None:
         oom = r.get("oom")
         if r["state"] == "failed" and isinstance(oom, dict):
             c = r["coord"]
-            limit = f", memory limit {_mib(oom.get('limit'))}" if oom.get("limit") else ""
+            limit = f", memory cgroup limit {_mib(oom.get('limit'))}" if oom.get("limit") else ""
             return (f"rank {r['rank']} (dp={c['dp']} pp={c['pp']} tp={c['tp']}) on worker {r['worker']} "
-                    f"was killed by the kernel OOM killer: peak memory {_mib(oom.get('peak_rss') or r.get('peak_rss'))}"
+                    f"was killed by the kernel OOM killer: peak memory (RSS) {_mib(oom.get('peak_rss') or r.get('peak_rss'))}"
                     f"{limit} (evidence: {oom.get('evidence', 'oom_kill counter')}). Fewer parameters and "
                     f"optimizer state per rank fix it: raise parallel.pp or parallel.tp, use parallel.zero 3, "
                     f"or run on workers with more memory")

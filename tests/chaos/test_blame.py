@@ -153,16 +153,22 @@ def memory_cgroup(name: str) -> tuple[Path, bool]:
     pytest.skip("no memory cgroup controller on this host")
 
 
-LIMIT = 96 * 2**20  # the model alone is ~160 MiB of fp32 parameters, before grads and Adam state
+# For the whole group (every free worker's warm trainer): a rank's model alone is ~70 MiB of
+# fp32 parameters before grads and Adam state. Kept small on purpose: the host is shared, and a
+# rank left outside the group with a big model once pushed the whole machine into global OOM.
+LIMIT = 64 * 2**20
 
 
 def test_oom_killed_trainer_fails_the_job_without_spending_a_spare(stack):
-    spec = tiny_spec("blame-oom", model={"preset": None, "layers": 4, "d_model": 512, "heads": 8,
+    spec = tiny_spec("blame-oom", model={"preset": None, "layers": 2, "d_model": 256, "heads": 4,
                                          "vocab": 32768, "seq_len": 32},
                      parallel={"dp": 2}, train={"steps": 20},
                      fault_tolerance={"spares": 1, "dead_after_s": 2.0, "hang_after_s": 60})
-    target = free_pool(stack)[0]  # rank 0 lands on the first free worker
-    warm = wait_until(lambda: warm_trainers(stack, target), 90, f"{target}'s warm trainer ready")
+    # every free worker's warm trainer goes into the group: whichever become ranks are limited
+    # (placement order is the scheduler's business, not this test's)
+    warm = []
+    for wid in free_pool(stack):
+        warm += wait_until(lambda: warm_trainers(stack, wid), 90, f"{wid}'s warm trainer ready")
     group, v2 = memory_cgroup(f"mk-oom-{os.getpid()}")
     try:
         (group / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(LIMIT))
@@ -175,16 +181,22 @@ def test_oom_killed_trainer_fails_the_job_without_spending_a_spare(stack):
         assert j.phase == "Failed", (j.phase, [(c.type, c.reason, c.message) for c in j.conditions])
         failed = j.condition("Failed")
         assert failed.reason == "OutOfMemory", failed
-        victim = next(r for r in j.mesh.ranks if r.worker == target)
-        assert victim.pid in warm, (victim.pid, warm)
         msg = failed.message
-        assert f"rank {victim.rank} " in msg and f"worker {target}" in msg and "OOM killer" in msg, msg
-        assert "peak memory " in msg and "peak memory unknown" not in msg, msg
-        assert f"memory limit {LIMIT // 2**20} MiB" in msg and "zero 3" in msg, msg
+        victim = next(r for r in j.mesh.ranks if msg.startswith(f"rank {r.rank} "))
+        assert victim.pid in warm, (victim.pid, warm)
+        assert f"worker {victim.worker}" in msg and "OOM killer" in msg, msg
+        assert "peak memory (RSS) " in msg and "unknown" not in msg, msg
+        assert f"memory cgroup limit {LIMIT // 2**20} MiB" in msg and "zero 3" in msg, msg
         assert (j.restarts, j.generation, j.recoveries) == (0, 1, []), (j.restarts, j.generation, j.recoveries)
         assert victim.exit_code == -9, victim
         assert not {"RecoveryStarted", "ReplacingRank"} & {e.reason for e in events(stack, j.id)}
         assert j.mesh.spares and not (set(j.mesh.spares) & {r.worker for r in j.mesh.ranks})
     finally:
+        # warm trainers the job did not use stay warm for later tests: back to our own group
+        for pid in (group / "cgroup.procs").read_text().split():
+            try:
+                (group.parent / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass  # exited meanwhile
         wait_until(lambda: not (group / "cgroup.procs").read_text().split(), 30, f"{group} empty")
         group.rmdir()
