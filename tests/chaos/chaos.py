@@ -34,11 +34,15 @@ def mesh_spec(name: str, *, steps: int = STEPS, parallel: dict | None = None,
     shared, oversubscribed 2-core host, run-queue noise alone has pushed one healthy rank of
     four past 1.5x the median (1.59x over 20 steps, with the earlier windowed-mean criterion),
     and an unplanned recovery is not what these tests are about.
+
+    Quarantine is 0 s (the health probe still runs before a blamed worker returns): the
+    session's 8 workers are shared by every test, and the next one should find them all.
+    tests/chaos/test_blame.py tests the quarantine itself.
     """
     return tiny_spec(name, parallel=parallel or {"dp": 2, "tp": 2}, train={"steps": steps, **(train or {})},
                      checkpoint={"every_steps": EVERY, "mode": "async"},
                      fault_tolerance={"spares": 1, "dead_after_s": 2.0, "hang_after_s": 30,
-                                      "straggler": {"action": "report"}, **ft})
+                                      "quarantine_s": 0, "straggler": {"action": "report"}, **ft})
 
 
 # -- watching the job through REST --------------------------------------------------------
