@@ -161,16 +161,6 @@ class Beat:
     generation: int
 
 
-@dataclass(frozen=True)
-class Beat:
-    """One heartbeat's answer: server time, and the (job, generation) the controller's
-    pointer names for this worker at that instant."""
-
-    time: float
-    job: str
-    generation: int
-
-
 def loads(value: str | None, default: Any = None) -> Any:
     if not value:
         return default
