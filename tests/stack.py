@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,12 +25,39 @@ import redis
 from services.client import ApiError, Client
 from services.procs import free_port, signal_group, stop_all
 from services.store import Store, wait_for_redis
+from services.tokens import new_token, write_auth_file
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 ENV.pop("REDIS_URL", None)
 ENV.pop("MESHKEEPER_URL", None)
 WORKERS = 8
+
+
+@dataclass(frozen=True)
+class TestSecrets:
+    """One test stack's secrets: API tokens of every role, the agents' join token, the Redis
+    passwords, and the controller's auth file (hashes only) written under `work`."""
+
+    __test__ = False  # a helper, not a test class
+
+    admin_token: str
+    viewer_token: str
+    submitter_token: str
+    scrape_token: str
+    join_token: str
+    auth_file: Path
+    redis_admin_password: str
+    redis_controller_password: str
+
+    @classmethod
+    def create(cls, work: Path) -> "TestSecrets":
+        work.mkdir(parents=True, exist_ok=True)
+        tokens = {role: new_token() for role in ("admin", "viewer", "submitter", "scrape")}
+        join = new_token()
+        auth = write_auth_file(work / "auth.json", [(role, role, t) for role, t in tokens.items()], join)
+        return cls(tokens["admin"], tokens["viewer"], tokens["submitter"], tokens["scrape"], join,
+                   auth, new_token(), new_token())
 
 
 def wait_until(fn: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> Any:
