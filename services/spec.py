@@ -10,16 +10,26 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MAX_WORLD = 65536
+# Beyond any model this service could train (70b is the largest preset); a spec above it is a
+# typo or an attempt to make the planner and admission do absurd arithmetic.
+MAX_PARAMS = 2 * 10**12
+MAX_STEPS = 10**9
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # strict: numbers must be numbers (no `true` for 1, no "5" for 5); int is accepted where
+    # a float is expected. allow_inf_nan=False: Infinity and NaN are refused everywhere.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True,
+                              allow_inf_nan=False)
+
+
+Beta = Annotated[float, Field(strict=True, ge=0, lt=1)]
 
 
 # name -> (layers, d_model, heads, vocab, seq_len). tiny: tests; small: demo on 2 CPU
@@ -41,7 +51,7 @@ class ModelSpec(Strict):
     vocab: int = Field(ge=2, le=1_048_576)
     seq_len: int = Field(ge=2, le=1_048_576)
     ffn_hidden: int | None = Field(default=None, gt=0, le=1_048_576)
-    rope_theta: float = Field(default=10000.0, gt=0)
+    rope_theta: float = Field(default=10000.0, gt=0, le=1e12)
     norm_eps: float = Field(default=1e-5, gt=0, lt=1)
 
     @model_validator(mode="before")
@@ -50,6 +60,14 @@ class ModelSpec(Strict):
         if isinstance(data, dict) and data.get("preset") in PRESETS:
             return {**PRESETS[data["preset"]], **data}
         return data
+
+    @property
+    def params(self) -> int:
+        """Embedding + per layer (2 RMSNorms, q/k/v/o, SwiGLU gate/up/down) + final norm + head;
+        analytic (no torch), so the controller's admission can use it."""
+        d = self.d_model
+        per_layer = 2 * d + 4 * d * d + 3 * d * self.ffn
+        return self.vocab * d + self.layers * per_layer + d + d * self.vocab
 
     @property
     def head_dim(self) -> int:
@@ -67,7 +85,7 @@ DataSource = str  # "synthetic" | "text:PATH" | "tokens:PATH"
 
 
 class DataSpec(Strict):
-    source: DataSource = "synthetic"
+    source: DataSource = Field(default="synthetic", max_length=4096)
     seed: int = Field(default=0, ge=0, lt=2**63)
     token_dtype: Literal["uint16", "uint32"] = "uint16"
 
@@ -104,22 +122,23 @@ class ParallelSpec(Strict):
 
 
 class TrainSpec(Strict):
-    steps: int = Field(gt=0, le=10**9)
+    steps: int = Field(gt=0, le=MAX_STEPS)
     global_batch: int = Field(gt=0, le=10**7)
     lr: float = Field(default=3e-4, gt=0, le=1)
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
-    warmup_steps: int = Field(default=0, ge=0)
+    warmup_steps: int = Field(default=0, ge=0, le=MAX_STEPS)
     weight_decay: float = Field(default=0.1, ge=0, le=1)
-    betas: tuple[float, float] = (0.9, 0.95)
-    grad_clip: float | None = Field(default=1.0, gt=0)
+    # a YAML/JSON list becomes the tuple (strict would want a tuple); each item stays strict
+    betas: Annotated[tuple[Beta, Beta], Field(strict=False)] = (0.9, 0.95)
+    grad_clip: float | None = Field(default=1.0, gt=0, le=1e6)
     seed: int = Field(default=0, ge=0, lt=2**63)
 
 
 class CheckpointSpec(Strict):
-    every_steps: int = Field(default=50, gt=0)
+    every_steps: int = Field(default=50, gt=0, le=MAX_STEPS)
     keep: int = Field(default=3, ge=1, le=1000)
     mode: Literal["sync", "async"] = "async"
-    root: str | None = None
+    root: str | None = Field(default=None, min_length=1, max_length=4096)
 
 
 class StragglerSpec(Strict):
@@ -134,7 +153,7 @@ class FaultToleranceSpec(Strict):
     dead_after_s: float = Field(default=2.0, gt=0, le=3600)
     hang_after_s: float = Field(default=60.0, gt=0, le=86400)
     straggler: StragglerSpec = StragglerSpec()
-    min_dp: int = Field(default=1, ge=1)
+    min_dp: int = Field(default=1, ge=1, le=MAX_WORLD)
     max_restarts: int = Field(default=20, ge=0, le=10000)
     quarantine_s: float = Field(
         default=60.0, ge=0, le=7 * 86400,
@@ -196,6 +215,9 @@ def consistency_problems(s: JobSpec) -> list[Problem]:
     if not NAME_RE.match(s.name):
         bad("name", f"{s.name!r} must be lowercase letters, digits and '-', starting and ending "
                     "with a letter or digit (it names the checkpoint directory)")
+    if m.params > MAX_PARAMS:
+        bad("model", f"{m.params:.3g} parameters exceed the limit of {MAX_PARAMS:.0e}; "
+                     "lower model.layers or model.d_model (or use a preset)")
     if p.world_size > MAX_WORLD:
         bad("parallel", f"dp*pp*tp = {p.world_size} exceeds {MAX_WORLD} ranks; lower dp, pp or tp")
     if m.d_model % m.heads:
@@ -257,6 +279,24 @@ def _known_keys(loc: tuple) -> list[str]:
     return sorted(getattr(model, "model_fields", {}))
 
 
+# Type errors of the strict model, said with the fix.
+STRICT_TYPES = {
+    "int_type": "must be a whole number written without quotes (not true/false, not a string, not 2.0)",
+    "float_type": "must be a number written without quotes (not true/false, not a string)",
+    "finite_number": "must be a finite number (not Infinity or NaN)",
+    "string_type": "must be a string",
+    "bool_type": "must be true or false",
+    "tuple_type": "must be a list of two numbers, like [0.9, 0.95]",
+    "model_type": "must be a mapping of keys to values",
+}
+
+
+def _shown(value: Any) -> str:
+    """The offending input for a message: JSON spelling (true, "5", Infinity), bounded."""
+    text = json.dumps(value) if isinstance(value, (bool, int, float, str)) else type(value).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _problem_from_pydantic(err: dict) -> Problem:
     loc = tuple(err["loc"])
     field = ".".join(str(x) for x in loc) or "(spec)"
@@ -270,6 +310,8 @@ def _problem_from_pydantic(err: dict) -> Problem:
         msg = f"{msg} (got {err.get('input')!r})"
     elif kind.startswith(("greater", "less")):
         msg = f"{msg} (got {err.get('input')!r})"
+    elif kind in STRICT_TYPES:
+        msg = f"{STRICT_TYPES[kind]} (got {_shown(err.get('input'))})"
     elif msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
     return Problem(field, msg)

@@ -17,10 +17,8 @@ CPU_CORE_PEAK_FLOPS = 1e11
 
 
 def param_count(m: ModelSpec) -> int:
-    """Embedding + per layer (2 RMSNorms, q/k/v/o, SwiGLU gate/up/down) + final norm + head."""
-    d = m.d_model
-    per_layer = 2 * d + 4 * d * d + 3 * d * m.ffn
-    return m.vocab * d + m.layers * per_layer + d + d * m.vocab
+    """The spec's analytic count (`ModelSpec.params`, shared with the controller's admission)."""
+    return m.params
 
 
 def flops_per_token(m: ModelSpec) -> float:
