@@ -7,8 +7,10 @@ import logging
 import os
 import sys
 
+from controller.auth import Auth, refuse_without_admin
 from controller.scheduler import SchedulerConfig
 from controller.service import Controller, ControllerConfig
+from services.tokens import TokenError
 
 
 def _port_range(text: str) -> tuple[int, int]:
@@ -36,14 +38,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="rendezvous ports to pick from, LOW-HIGH")
     ap.add_argument("--agent-redis-url", default=env("MESHKEEPER_AGENT_REDIS_URL"),
                     help="Redis URL handed to agents started with --controller (default: --redis-url)")
+    ap.add_argument("--auth-file", default=env("MESHKEEPER_AUTH_FILE"),
+                    help="API token hashes, JSON (docs/security.md); env MESHKEEPER_API_TOKEN and "
+                         "MESHKEEPER_SCRAPE_TOKEN add plaintext tokens")
+    ap.add_argument("--insecure-no-auth", action="store_true",
+                    help="no authentication at all: every caller is admin (throwaway experiments only)")
+    ap.add_argument("--tls-cert", default=env("MESHKEEPER_TLS_CERT"), help="serve HTTPS: PEM certificate")
+    ap.add_argument("--tls-key", default=env("MESHKEEPER_TLS_KEY"), help="serve HTTPS: PEM private key")
     ap.add_argument("--log-level", default=env("MESHKEEPER_LOG_LEVEL", "info"))
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        ap.error("--tls-cert and --tls-key go together (give both, or neither for plain HTTP)")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        auth = Auth.load(args.auth_file, os.environ, insecure=args.insecure_no_auth)
+    except TokenError as e:
+        print(f"controller: {e}", file=sys.stderr)
+        return 2
+    if (why := refuse_without_admin(auth)) is not None:
+        print(f"controller: {why}", file=sys.stderr)
+        return 2
     import uvicorn  # after argument errors, which need no server
 
     from controller.app import create_app
@@ -52,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                            scheduler=SchedulerConfig(args.worker_alive, args.rdzv_ports),
                            agent_redis_url=args.agent_redis_url)
     ctl = Controller(cfg)
-    uvicorn.run(create_app(ctl), host=args.host, port=args.port, log_level=args.log_level.lower(),
-                access_log=False)
+    uvicorn.run(create_app(ctl, auth), host=args.host, port=args.port, log_level=args.log_level.lower(),
+                access_log=False, ssl_certfile=args.tls_cert, ssl_keyfile=args.tls_key)
     return 0
 
 

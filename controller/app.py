@@ -1,8 +1,10 @@
 """The REST API (FastAPI). Every handler reads or writes Redis through the controller's store.
 
 Errors always have the shape {"detail": "one line", "problems": [{"field", "message"}]}:
-422 for bad input (every problem listed), 404 for an unknown job, 503 while Redis is away,
-500 with a reference id for a bug; never a traceback.
+401 without a valid bearer token, 403 for the wrong role (controller/auth.py), 415 for a body
+that is not `application/json`, 413 for one over MAX_BODY, 422 for bad input (every problem
+listed), 404 for an unknown job, 503 while Redis is away, 500 with a reference id for a bug;
+never a traceback.
 """
 
 from __future__ import annotations
@@ -13,17 +15,19 @@ import re
 import secrets
 import time
 from contextlib import asynccontextmanager
-from typing import Annotated
+from typing import Annotated, Any
 
 import redis
-from fastapi import FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from controller import jobs, web
+from controller.auth import ADMIN, METRICS, READ, SUBMIT, Auth, Denied, Principal, may_cancel
 from controller.conditions import PHASES, TERMINAL
 from controller.discovery import worker_targets
 from controller.jobs import JOB_ID_RE, Job
@@ -33,8 +37,17 @@ from services import api
 from services.spec import JobSpec, SpecError, parse_spec
 
 log = logging.getLogger("meshkeeper.api")
+# a valid spec, shown in the OpenAPI document (and a fuzzer's first example)
+EXAMPLE_SPEC = {"name": "tiny", "model": {"preset": "tiny"}, "parallel": {"dp": 2},
+                "train": {"steps": 12, "global_batch": 16}}
 MAX_BODY = 1 << 20
+MAX_DEPTH = 32  # a job spec nests 3 levels; deeper JSON is an attack on the parser
 STREAM_ID_RE = re.compile(r"^\d+-\d+$")
+MAX_STREAM_PART = (1 << 64) - 1  # both halves of a Redis stream id are unsigned 64-bit
+# the mesh page's own origin only, and never inside a frame (clickjacking)
+PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
+                "object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+                "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer"}
 
 
 class ApiError(Exception):
@@ -46,18 +59,32 @@ def _error(status: int, detail: str, problems: list[dict] | None = None) -> JSON
     return JSONResponse({"detail": detail, "problems": problems or []}, status_code=status)
 
 
-def create_app(ctl: Controller) -> FastAPI:
+def create_app(ctl: Controller, auth: Auth) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         ctl.start()
         yield
         ctl.stop()
 
-    errors = {status: {"model": api.Error} for status in (404, 409, 413, 422, 503)}
-    app = FastAPI(title="meshkeeper controller", version="0.1.0", lifespan=lifespan, responses=errors,
-                  description="Elastic, fault-tolerant 3D-parallel training. See DESIGN.md.")
+    app = FastAPI(title="meshkeeper controller", version="0.1.0", lifespan=lifespan,
+                  responses=_errors(404, 409, 422, 503),
+                  description="Elastic, fault-tolerant 3D-parallel training. See DESIGN.md. "
+                              "Every /v1 endpoint and /metrics needs a bearer token (docs/security.md).")
+    app.state.auth = auth  # the agents' join router checks the join token with it
     _install_error_handlers(app)
+    _install_openapi(app)
     alive_s = ctl.cfg.scheduler.worker_alive_s
+    reader, submitter, admin, scraper = (Depends(auth.require(r)) for r in (READ, SUBMIT, ADMIN, METRICS))
+    denied = _errors(401, 403)
+
+    @app.middleware("http")
+    async def security_headers(request: Request, call_next):
+        """nosniff on every answer; the mesh page also gets its CSP and may not be framed."""
+        response = await call_next(request)
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        if request.url.path == "/" or request.url.path.startswith("/ui"):
+            response.headers.update(PAGE_HEADERS)
+        return response
 
     @app.middleware("http")
     async def timing(request: Request, call_next):
@@ -79,27 +106,24 @@ def create_app(ctl: Controller) -> FastAPI:
         return job
 
     @app.post("/v1/jobs", status_code=201, tags=["jobs"], response_model=api.Submitted,
-              openapi_extra={"requestBody": {"required": True, "content": {
-                  "application/json": {"schema": JobSpec.model_json_schema()}}}})
-    async def submit(request: Request) -> dict:
-        """Submit a job spec (JSON). 201 with the job id; 422 lists every problem."""
-        body = await request.body()
-        if len(body) > MAX_BODY:
-            raise ApiError(413, f"the spec is {len(body)} bytes; the limit is {MAX_BODY}")
-        try:
-            data = json.loads(body)
-        except ValueError as e:
-            raise ApiError(422, "the request body is not valid JSON",
-                           [{"field": "(body)", "message": f"{e}; send the spec as a JSON object"}])
+              responses={**denied, **_errors(413, 415)},
+              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                  "schema": {"$ref": "#/components/schemas/JobSpec"},
+                  "examples": {"tiny": {"summary": "a tiny 2-rank job", "value": EXAMPLE_SPEC}}}}}})
+    async def submit(request: Request, who: Principal = submitter) -> dict:
+        """Submit a job spec (JSON, `Content-Type: application/json`). 201 with the job id;
+        422 lists every problem. The job's owner is the token's name."""
+        data = await _read_json(request)
         try:
             spec = parse_spec(data)
         except SpecError as e:
             raise ApiError(422, f"invalid job spec: {len(e.problems)} problem(s)",
                            [{"field": p.field, "message": p.message} for p in e.problems])
-        job = await run_in_threadpool(jobs.submit, ctl.store, spec)  # Redis is blocking I/O
+        job = await run_in_threadpool(jobs.submit, ctl.store, spec, who.name)  # Redis is blocking I/O
         return {"id": job.id, "phase": job.phase}
 
-    @app.get("/v1/jobs", tags=["jobs"], response_model=api.JobList)
+    @app.get("/v1/jobs", tags=["jobs"], response_model=api.JobList, responses=denied,
+             dependencies=[reader])
     def list_jobs(phase: Annotated[str | None, Query(description=f"one of {', '.join(PHASES)}")] = None,
                   limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict:
         if phase is not None and phase not in PHASES:
@@ -110,37 +134,44 @@ def create_app(ctl: Controller) -> FastAPI:
                if j and (phase is None or j.phase == phase)]
         return {"jobs": out[-limit:]}
 
-    @app.get("/v1/jobs/{job_id}", tags=["jobs"], response_model=api.JobStatus)
+    @app.get("/v1/jobs/{job_id}", tags=["jobs"], response_model=api.JobStatus, responses=denied,
+             dependencies=[reader])
     def get_job(job_id: str) -> dict:
         return job_status(ctl.store, load_job(job_id), alive_s)
 
-    @app.delete("/v1/jobs/{job_id}", status_code=202, tags=["jobs"], response_model=api.CancelAccepted)
-    def cancel_job(job_id: str) -> dict:
-        """Request cancellation; the lease holder stops every rank and frees the workers."""
+    @app.delete("/v1/jobs/{job_id}", status_code=202, tags=["jobs"], response_model=api.CancelAccepted,
+                responses=denied)
+    def cancel_job(job_id: str, who: Principal = submitter) -> dict:
+        """Request cancellation; the lease holder stops every rank and frees the workers.
+        A submitter cancels only its own jobs; an admin any."""
         job = load_job(job_id)
+        may_cancel(who, job_id, job.owner)
         if job.phase in TERMINAL:
             raise ApiError(409, f"job {job_id} is already {job.phase}; nothing to cancel")
         ctl.store.request_cancel(job_id)
         return {"id": job_id, "phase": job.phase, "cancel_requested": True}
 
-    @app.get("/v1/jobs/{job_id}/events", tags=["jobs"], response_model=api.EventList)
+    @app.get("/v1/jobs/{job_id}/events", tags=["jobs"], response_model=api.EventList, responses=denied,
+             dependencies=[reader])
     def job_events(job_id: str, after: Annotated[str, Query(description="a stream id")] = "-",
                    limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict:
         load_job(job_id)
-        if after != "-" and not STREAM_ID_RE.match(after):
+        if after != "-" and not (STREAM_ID_RE.match(after)
+                                 and all(int(x) <= MAX_STREAM_PART for x in after.split("-"))):
             raise ApiError(422, f"after={after!r} is not an event id",
                            [{"field": "query.after", "message": "use an event 'id' from an earlier "
                              "answer (like 1700000000000-0), or omit it"}])
         return {"events": ctl.store.events(job_id, after, limit)}
 
-    @app.get("/v1/workers", tags=["workers"], response_model=api.WorkerList)
+    @app.get("/v1/workers", tags=["workers"], response_model=api.WorkerList, responses=denied,
+             dependencies=[reader])
     def list_workers() -> dict:
         return {"workers": workers_status(ctl.store, alive_s)}
 
-    @app.get("/v1/agent/bootstrap", tags=["workers"])
+    @app.get("/v1/agent/bootstrap", tags=["workers"], responses=denied, dependencies=[admin])
     def bootstrap() -> dict:
-        """Where agents started with --controller find Redis. Guard with the admin token once
-        API auth lands (DESIGN.md section 10): the URL may carry credentials."""
+        """Where agents started with --controller find Redis (admin only: the URL may carry
+        credentials; agents join with POST /v1/agents/join instead)."""
         return {"redis_url": ctl.cfg.agent_redis_url or ctl.cfg.redis_url, "prefix": ctl.cfg.prefix}
 
     @app.get("/healthz", tags=["ops"])
@@ -152,11 +183,12 @@ def create_app(ctl: Controller) -> FastAPI:
         ctl.store.ping()  # RedisError -> 503 through the handler
         return {"status": "ready", "redis": "ok", "leader": ctl.leading}
 
-    @app.get("/metrics", tags=["ops"])
+    @app.get("/metrics", tags=["ops"], responses=denied, dependencies=[scraper],
+             response_class=Response)
     def metrics() -> Response:
         return Response(generate_latest(ctl.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/sd/workers", tags=["ops"])
+    @app.get("/v1/sd/workers", tags=["ops"], responses=denied, dependencies=[scraper])
     def sd_workers() -> list[dict]:
         """Prometheus HTTP service discovery: every live worker's metrics endpoint."""
         return worker_targets(ctl.store, alive_s)
@@ -165,10 +197,88 @@ def create_app(ctl: Controller) -> FastAPI:
     return app
 
 
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries: each status answers the Error document."""
+    return {status: {"model": api.Error} for status in statuses}
+
+
+async def _read_json(request: Request) -> Any:
+    """The body as JSON: only `application/json` (a cross-site form cannot send it without a
+    CORS preflight, which this API never grants), read as a stream and cut off at MAX_BODY,
+    nested at most MAX_DEPTH deep."""
+    ctype = request.headers.get("content-type", "")
+    if ctype.split(";")[0].strip().lower() != "application/json":
+        raise ApiError(415, f"the body must be sent as Content-Type: application/json, not "
+                            f"{ctype or 'none'!r}",
+                       [{"field": "header.content-type", "message": "use application/json"}])
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY:
+        raise ApiError(413, f"the body is {declared} bytes; the limit is {MAX_BODY}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY:
+            raise ApiError(413, f"the body is over the limit of {MAX_BODY} bytes")
+    try:
+        data = json.loads(body)
+    except RecursionError:
+        data = None  # nested past the parser's own limit: reported below as too deep
+        depth = MAX_DEPTH + 1
+    except ValueError as e:
+        raise ApiError(422, "the request body is not valid JSON",
+                       [{"field": "(body)", "message": f"{e}; send the spec as a JSON object"}])
+    else:
+        depth = _depth(data, MAX_DEPTH)
+    if depth > MAX_DEPTH:
+        raise ApiError(422, f"the JSON body is nested deeper than {MAX_DEPTH} levels",
+                       [{"field": "(body)", "message": f"nest objects and arrays at most "
+                                                       f"{MAX_DEPTH} deep"}])
+    return data
+
+
+def _depth(value: Any, limit: int) -> int:
+    """How deep `value` nests, counted up to limit + 1 (iterative: no recursion to exhaust)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            if d > limit:
+                return d
+            todo.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def _install_openapi(app: FastAPI) -> None:
+    """The JobSpec schema with its definitions in components/schemas, so every $ref resolves
+    (pydantic puts them under a local $defs that means nothing inside an OpenAPI document)."""
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, description=app.description,
+                              routes=app.routes)
+            spec = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+            clash = (set(spec.get("$defs", {})) | {"JobSpec"}) & set(schemas)
+            if clash:  # a bug caught by any test that reads /openapi.json
+                raise RuntimeError(f"JobSpec definitions clash with API schemas: {clash}")
+            schemas.update(spec.pop("$defs", {}))
+            schemas["JobSpec"] = {**spec, "examples": [EXAMPLE_SPEC]}
+            app.openapi_schema = doc
+        return app.openapi_schema
+    app.openapi = openapi
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, e: ApiError) -> JSONResponse:
         return _error(e.status, e.detail, e.problems)
+
+    @app.exception_handler(Denied)
+    async def denied(_: Request, e: Denied) -> JSONResponse:
+        response = _error(e.status, e.detail)
+        if e.challenge:
+            response.headers["WWW-Authenticate"] = e.challenge
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(_: Request, e: RequestValidationError) -> JSONResponse:

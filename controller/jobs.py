@@ -39,6 +39,7 @@ class Job:
     recoveries: list[dict] = field(default_factory=list)  # newest last, bounded
     current: dict = field(default_factory=dict)  # {dp, microbatches} when dp was shrunk
     flagged: dict = field(default_factory=dict)  # straggler reported (action: report)
+    owner: str | None = None  # the submitting token's name (None: submitted before auth)
 
     @property
     def phase(self) -> str:
@@ -105,7 +106,7 @@ class Job:
                    tokens_per_s=num("tokens_per_s"), step_s=num("step_s"),
                    final_ranks=loads(h.get("final_ranks"), []),
                    recoveries=loads(h.get("recoveries"), []), current=loads(h.get("current"), {}),
-                   flagged=loads(h.get("flagged"), {}))
+                   flagged=loads(h.get("flagged"), {}), owner=h.get("owner") or None)
 
 
 def new_job_id(name: str) -> str:
@@ -113,17 +114,18 @@ def new_job_id(name: str) -> str:
     return f"{name[:57]}-{secrets.token_hex(3)}"
 
 
-def submit(store: Store, spec: JobSpec) -> Job:
-    """Store a validated spec (normalized: presets expanded, defaults filled) as a new job."""
+def submit(store: Store, spec: JobSpec, owner: str) -> Job:
+    """Store a validated spec (normalized: presets expanded, defaults filled) as a new job of
+    `owner` (the submitting token's name; written once, like the spec)."""
     now = store.now()
     job = Job(id=new_job_id(spec.name), name=spec.name, spec=spec.model_dump(mode="json"),
-              submitted_at=now)
+              submitted_at=now, owner=owner)
     p = spec.parallel
     job.set("Admitted", True, "Validated",
             f"spec valid: {p.world_size} ranks (dp={p.dp} pp={p.pp} tp={p.tp}) "
             f"+ {spec.fault_tolerance.spares} spares", now)
     job.set("Running", False, "Queued", "waiting for the scheduler", now)
-    store.create_job(job.id, {"id": job.id, "name": job.name, "spec": job.spec,
+    store.create_job(job.id, {"id": job.id, "name": job.name, "spec": job.spec, "owner": owner,
                               "submitted_at": now, **job.fields()})
     store.add_event(job.id, {"type": "Normal", "reason": "Submitted",
                              "message": f"job {job.id} admitted", "source": "api"})

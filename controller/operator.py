@@ -24,6 +24,7 @@ from typing import Any
 import kopf
 
 from services.client import DEFAULT_URL, ApiError, Client
+from services.tokens import TokenError, read_token
 
 GROUP, VERSION, PLURAL = "meshkeeper.io", "v1alpha1", "trainingjobs"
 FINALIZER = f"{GROUP}/cancel-job"
@@ -183,10 +184,8 @@ def build_registry(poll_s: float = 2.0, login: Any = kopf.login_via_client) -> k
 
 
 def make_client(url: str, token: str | None) -> Client:
-    client = Client(url)
-    if token:  # DESIGN.md section 10: mutating calls carry the bearer token
-        client.http.headers["Authorization"] = f"Bearer {token}"
-    return client
+    """The operator's client: submits and cancels, so its token needs the submitter or admin role."""
+    return Client(url, token)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -218,7 +217,16 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.log_level.lower() != "debug":  # kopf logs every timer tick at INFO
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    client = make_client(args.controller_url, os.environ.get("MESHKEEPER_API_TOKEN"))
+    try:  # the chart passes the admin token from its Secret
+        token = read_token(var="MESHKEEPER_API_TOKEN")
+    except TokenError as e:
+        print(f"operator: {e}", file=sys.stderr)
+        return 2
+    if token is None:
+        print("operator: set MESHKEEPER_API_TOKEN (or MESHKEEPER_API_TOKEN_FILE) to a controller "
+              "token with the submitter or admin role", file=sys.stderr)
+        return 2
+    client = make_client(args.controller_url, token)
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
     try:
         kopf.run(registry=build_registry(args.poll_interval), standalone=True,

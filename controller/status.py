@@ -15,7 +15,7 @@ def job_summary(job: Job) -> dict:
     return {"id": job.id, "name": job.name, "phase": job.phase, "generation": job.generation,
             "restarts": job.restarts, "step": job.step, "steps": job.total_steps, "loss": job.loss,
             "mesh_shape": {k: p.get(k, 1) for k in ("dp", "pp", "tp")},
-            "submitted_at": job.submitted_at, "finished_at": job.finished_at}
+            "submitted_at": job.submitted_at, "finished_at": job.finished_at, "owner": job.owner}
 
 
 def job_status(store: Store, job: Job, alive_within_s: float) -> dict:

@@ -102,6 +102,7 @@ class JobSummary(Doc):
     mesh_shape: Coordinate
     submitted_at: float | None = None
     finished_at: float | None = None
+    owner: str | None = None  # the name of the token that submitted it
 
 
 class JobStatus(JobSummary):

@@ -19,6 +19,7 @@ from services import render
 from services.client import DEFAULT_URL, ApiError, Client
 from services.spec import SpecError, load_spec
 from services.stack import LocalStack, StackConfig, StackError, wait_ready
+from services.tokens import TokenError, read_token
 
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -29,7 +30,7 @@ class CliError(Exception):
 
 
 def _client(args: argparse.Namespace) -> Client:
-    return Client(args.url)
+    return Client(args.url, read_token())
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -107,7 +108,7 @@ def cmd_workers(args: argparse.Namespace) -> int:
 
 def cmd_ready(args: argparse.Namespace) -> int:
     """Wait until the controller is ready and at least N workers are alive (for scripts)."""
-    if wait_ready(args.url, args.workers, args.timeout):
+    if wait_ready(args.url, args.workers, args.timeout, token=read_token()):
         print(f"ready: {args.url}")
         return 0
     raise CliError(f"the controller at {args.url} was not ready with {args.workers} workers "
@@ -198,7 +199,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="meshkeeper", description="elastic 3D-parallel training")
     ap.add_argument("--url", default=os.environ.get("MESHKEEPER_URL", DEFAULT_URL),
-                    help=f"controller URL (env MESHKEEPER_URL, default {DEFAULT_URL})")
+                    help=f"controller URL (env MESHKEEPER_URL, default {DEFAULT_URL}); the API "
+                         "token comes from env MESHKEEPER_TOKEN or the file MESHKEEPER_TOKEN_FILE names")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     def stack_opts(p: argparse.ArgumentParser, workers: int, run_dir: str) -> None:
@@ -252,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         for p in e.problems:
             print(f"  - {p.field}: {p.message}", file=sys.stderr)
         return 1
-    except (CliError, StackError, SpecError) as e:
+    except (CliError, StackError, SpecError, TokenError) as e:
         print(f"meshkeeper: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -22,10 +22,15 @@ class ApiError(Exception):
 
 
 class Client:
-    def __init__(self, base_url: str = DEFAULT_URL, timeout: float = 10.0,
-                 transport: httpx.BaseTransport | None = None):
+    """`token`: the bearer token sent on every request (docs/security.md); None sends none,
+    which only /healthz and /readyz accept."""
+
+    def __init__(self, base_url: str = DEFAULT_URL, token: str | None = None, timeout: float = 10.0,
+                 transport: httpx.BaseTransport | None = None, verify: str | bool = True):
         self.base_url = base_url.rstrip("/")
-        self.http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport,
+                                 headers=headers, verify=verify)
 
     def close(self) -> None:
         self.http.close()
@@ -51,6 +56,8 @@ class Client:
                 err = api.Error.model_validate(r.json())
             except (ValueError, ValidationError):
                 raise ApiError(f"HTTP {r.status_code} from {path}: {r.text[:200]}", r.status_code) from None
+            if r.status_code == 401 and "Authorization" not in self.http.headers:
+                raise ApiError(f"{err.detail} (no token was sent)", r.status_code, err.problems)
             raise ApiError(err.detail, r.status_code, err.problems)
         try:
             return model.model_validate(r.json())

@@ -33,11 +33,12 @@ class StackError(RuntimeError):
     pass
 
 
-def wait_ready(url: str, workers: int, timeout_s: float, check: Callable[[], None] = lambda: None) -> bool:
-    """Whether the controller at `url` became ready with `workers` live workers in time.
-    `check` runs on every poll (it raises to give up early)."""
+def wait_ready(url: str, workers: int, timeout_s: float, check: Callable[[], None] = lambda: None,
+               token: str | None = None) -> bool:
+    """Whether the controller at `url` became ready with `workers` live workers in time
+    (`token`: any role that reads workers). `check` runs on every poll (it raises to give up early)."""
     deadline = time.monotonic() + timeout_s
-    with Client(url, timeout=2.0) as c:
+    with Client(url, token, timeout=2.0) as c:
         while time.monotonic() < deadline:
             check()
             try:

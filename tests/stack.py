@@ -128,14 +128,23 @@ class RedisServer:
 
 
 class Controller:
-    def __init__(self, redis_url: str, log_dir: Path, name: str):
+    """A controller process with auth on (its auth file from `secrets`), as deployed."""
+
+    def __init__(self, redis_url: str, log_dir: Path, name: str, secrets: TestSecrets,
+                 extra: list[str] = ()):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.secrets = secrets
         self.proc = Proc(name, [sys.executable, "-m", "controller", "--port", str(self.port),
-                                "--redis-url", redis_url, "--log-level", "info"], log_dir)
+                                "--redis-url", redis_url, "--log-level", "info",
+                                "--auth-file", str(secrets.auth_file), *extra], log_dir)
         with Client(self.url, timeout=2) as c:
             wait_until(lambda: c.ready() or not self.proc.alive(), 30, f"{name} to answer /readyz")
         assert self.proc.alive(), self.proc.tail()
+
+    def client(self, token: str | None = None, timeout: float = 10.0) -> Client:
+        """A client with `token`, by default the admin token."""
+        return Client(self.url, token or self.secrets.admin_token, timeout=timeout)
 
     def health(self) -> dict:
         with Client(self.url, timeout=2) as c:
@@ -149,13 +158,15 @@ class Stack:
         self.redis.work.mkdir(parents=True)
         self.redis.start()
         self.store = Store(self.redis.url)
+        self.secrets = TestSecrets.create(work / "secrets")
         self.controllers: list[Controller] = []
         self.controller = self.start_controller()
         self.agents = {f"w{i}": self._agent(f"w{i}") for i in range(WORKERS)}
-        self.client = Client(self.controller.url)
+        self.client = self.controller.client()
 
     def start_controller(self) -> Controller:
-        c = Controller(self.redis.url, self.work / "logs", f"controller-{len(self.controllers)}")
+        c = Controller(self.redis.url, self.work / "logs", f"controller-{len(self.controllers)}",
+                       self.secrets)
         self.controllers.append(c)
         return c
 
@@ -163,7 +174,7 @@ class Stack:
         """Point the shared client at another controller replica."""
         self.controller = c
         self.client.close()
-        self.client = Client(c.url)
+        self.client = c.client()
 
     def _agent(self, wid: str, redis_url: str | None = None) -> Proc:
         """An agent process; `redis_url` reaches Redis another way (through a fault proxy)."""

@@ -129,7 +129,10 @@ class UpStack:
                 [sys.executable, "-m", "services.cli", "up", "--workers", "2", "--warm", "1",
                  "--port", str(port), "--run-dir", str(run)],
                 cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-        self.client = Client(self.url)
+        token = run / "secrets" / "api-token"  # the admin token `up` generates before it starts anything
+        wait_until(lambda: token.exists() and token.read_text().strip(), 30, f"{token} (see {self.log})")
+        self.token = token.read_text().strip()
+        self.client = Client(self.url, self.token)
 
     def job_dir(self, wid: str, job: str, generation: int = 1) -> Path:
         return self.work / "workers" / wid / "jobs" / job / f"g{generation}"
@@ -178,7 +181,7 @@ def test_redis_restart_under_meshkeeper_up(tmp_path, uninterrupted):
     up = UpStack(tmp_path / "run", free_port())
     try:
         assert wait_ready(up.url, 2, 120, lambda: None if up.proc.poll() is None else
-                          pytest.fail(f"meshkeeper up exited:\n{up.logs()}")), up.logs()
+                          pytest.fail(f"meshkeeper up exited:\n{up.logs()}"), up.token), up.logs()
         w = Watch(up, up.client.submit(spec).id)
         j1 = w.until(lambda j: j.mesh.generation == 1 and j.mesh.ranks
                      and all(r.pid and r.state == "running" for r in j.mesh.ranks), 180,

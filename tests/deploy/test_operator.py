@@ -4,6 +4,7 @@ Kubernetes API emulator) with a real controller process and a real redis-server 
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import shutil
 import subprocess
@@ -26,6 +27,7 @@ from controller.k8s import KubernetesActions
 from services.client import Client
 from services.procs import free_port, stop_all
 from services.store import Store, flat
+from services.tokens import new_token
 
 NS = "ml"
 TJ = "meshkeeper.io/v1alpha1/trainingjobs"
@@ -54,11 +56,18 @@ def redis_url(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def controller_url(redis_url, tmp_path_factory):
+def api_token() -> str:
+    return new_token()
+
+
+@pytest.fixture(scope="module")
+def controller_url(redis_url, api_token, tmp_path_factory):
+    """The controller as the chart runs it: its admin token from MESHKEEPER_API_TOKEN."""
     port = free_port()
     log = (tmp_path_factory.mktemp("controller") / "controller.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "controller", "--host", "127.0.0.1", "--port", str(port),
                              "--redis-url", redis_url, "--prefix", "op:"],
+                            env={**os.environ, "MESHKEEPER_API_TOKEN": api_token},
                             cwd=dt.REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     with Client(url, timeout=2) as c:
@@ -121,7 +130,7 @@ pytestmark = pytest.mark.kmock(cls=ApiServer)
 
 
 @pytest_asyncio.fixture
-async def run_operator(kmock):
+async def run_operator(kmock, api_token):
     """Start the real operator (kopf with our registry) against kmock, in its own thread and
     event loop as in production (kopf cancels every task of its loop when it stops)."""
     declare(kmock)
@@ -132,7 +141,7 @@ async def run_operator(kmock):
             return kopf.ConnectionInfo(server=str(kmock.url).rstrip("/"), insecure=True)
 
         stop, ready = threading.Event(), threading.Event()
-        client = operator.make_client(url, None)
+        client = operator.make_client(url, api_token)
         run = kopf.operator(registry=operator.build_registry(poll_s, login=login), standalone=True,
                             namespaces=[NS], stop_flag=stop, ready_flag=ready, memo=kopf.Memo(client=client))
         thread = threading.Thread(target=asyncio.run, args=(run,), name="kopf", daemon=True)
@@ -201,13 +210,13 @@ def recover(redis_url: str, job_id: str, reason: str) -> None:
 # --- tests --------------------------------------------------------------------------------
 
 @pytest.mark.asyncio
-async def test_create_submits_the_job_and_writes_conditions(kmock, run_operator, controller_url):
+async def test_create_submits_the_job_and_writes_conditions(kmock, run_operator, controller_url, api_token):
     await run_operator(controller_url)
     await create_tj(kmock, "tiny")
     st = await eventually(lambda: status(kmock, "tiny").get("jobID") and status(kmock, "tiny"), "status.jobID")
     admitted = condition(st, "Admitted")
     assert admitted["status"] == "True" and admitted["lastTransitionTime"].endswith("Z")
-    with Client(controller_url) as c:
+    with Client(controller_url, api_token) as c:
         job = c.job(st["jobID"])
     assert job.name == "tiny" and job.spec["parallel"]["dp"] == 2
     # the mirror follows: the controller's own conditions (no workers: waiting for capacity)
@@ -232,18 +241,18 @@ async def test_a_recovery_updates_conditions_and_restarts(kmock, run_operator, c
 
 
 @pytest.mark.asyncio
-async def test_delete_cancels_the_job_and_releases_the_object(kmock, run_operator, controller_url):
+async def test_delete_cancels_the_job_and_releases_the_object(kmock, run_operator, controller_url, api_token):
     await run_operator(controller_url)
     await create_tj(kmock, "cancelled")
     job_id = await eventually(lambda: status(kmock, "cancelled").get("jobID"), "status.jobID")
     await k8s(kmock, "DELETE", f"{TJ_URL}/cancelled")
     await eventually(lambda: tj_obj(kmock, "cancelled") is None, "the finalizer released")
-    with Client(controller_url) as c:
+    with Client(controller_url, api_token) as c:
         await eventually(lambda: c.job(job_id).phase == "Cancelled", "the job cancelled")
 
 
 @pytest.mark.asyncio
-async def test_an_invalid_spec_is_refused_with_the_field(kmock, run_operator, controller_url):
+async def test_an_invalid_spec_is_refused_with_the_field(kmock, run_operator, controller_url, api_token):
     await run_operator(controller_url)
     bad = {**SPEC, "parallel": {"dp": 3, "pp": 1, "tp": 1}}  # global_batch 8 % dp 3
     await create_tj(kmock, "bad")
@@ -251,7 +260,7 @@ async def test_an_invalid_spec_is_refused_with_the_field(kmock, run_operator, co
     st = await eventually(lambda: condition(status(kmock, "worse"), "Admitted"), "the refusal")
     assert st["status"] == "False" and st["reason"] == "InvalidSpec" and "train.global_batch" in st["message"]
     assert status(kmock, "worse")["phase"] == "Failed" and "jobID" not in status(kmock, "worse")
-    with Client(controller_url) as c:
+    with Client(controller_url, api_token) as c:
         assert [j.name for j in c.jobs()].count("worse") == 0
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import httpx
 import pytest
 
 from tests.integration.conftest import ENV, ROOT, tiny_spec
@@ -39,8 +38,9 @@ CASES = [
 @pytest.mark.parametrize("method,path,body,status,field,words", CASES,
                          ids=[f"{c[0]} {c[1]} {c[3]}" for c in CASES])
 def test_bad_request(stack, method, path, body, status, field, words):
-    kw = {"content": body} if isinstance(body, bytes) else {"json": body} if body is not None else {}
-    r = httpx.request(method, stack.controller.url + path, **kw)
+    kw = ({"content": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, bytes)
+          else {"json": body} if body is not None else {})
+    r = stack.client.http.request(method, path, **kw)
     assert r.status_code == status, r.text
     doc = r.json()
     assert set(doc) == {"detail", "problems"}
@@ -54,7 +54,7 @@ def test_bad_request(stack, method, path, body, status, field, words):
 def test_every_spec_problem_is_listed(stack):
     bad = {**GOOD, "model": {"preset": "tiny", "heads": 3}, "parallel": {"dp": 2, "tp": 2},
            "train": {"steps": 5, "global_batch": 15, "warmup_steps": 9}}
-    r = httpx.post(stack.controller.url + "/v1/jobs", json=bad)
+    r = stack.client.http.post("/v1/jobs", json=bad)
     assert r.status_code == 422
     fields = [p["field"] for p in r.json()["problems"]]
     for f in ("model.heads", "parallel.tp", "train.global_batch", "train.warmup_steps"):
@@ -63,7 +63,7 @@ def test_every_spec_problem_is_listed(stack):
 
 def test_events_after_must_be_an_event_id(stack):
     jid = stack.client.submit(tiny_spec("ev", parallel={"dp": 16}, train={"global_batch": 32})).id
-    r = httpx.get(f"{stack.controller.url}/v1/jobs/{jid}/events", params={"after": "yesterday"})
+    r = stack.client.http.get(f"/v1/jobs/{jid}/events", params={"after": "yesterday"})
     assert r.status_code == 422 and r.json()["problems"][0]["field"] == "query.after"
     stack.client.cancel(jid)
 

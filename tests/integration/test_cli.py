@@ -16,9 +16,12 @@ from services.procs import free_port
 from tests.integration.conftest import ENV, ROOT, wait_until
 
 
-def meshkeeper(*args: str, url: str | None = None, timeout: float = 120, env: dict | None = None):
+def meshkeeper(*args: str, url: str | None = None, timeout: float = 120, env: dict | None = None,
+               token: str | None = None):
+    """The CLI as a user runs it; `token` goes in MESHKEEPER_TOKEN, as a user exports it."""
     argv = [sys.executable, "-m", "services.cli", *(["--url", url] if url else []), *args]
-    return subprocess.run(argv, cwd=ROOT, env=env or ENV, capture_output=True, text=True, timeout=timeout)
+    env = {**(env or ENV), **({"MESHKEEPER_TOKEN": token} if token else {})}
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def test_submit_bad_spec_prints_every_problem(tmp_path):
@@ -42,26 +45,27 @@ def test_unreachable_controller_is_one_line():
 
 
 def test_unknown_job_is_one_line(stack):
-    r = meshkeeper("status", "no-such-job", url=stack.controller.url)
+    r = meshkeeper("status", "no-such-job", url=stack.controller.url, token=stack.secrets.viewer_token)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "not found" in r.stderr
 
 
 @pytest.mark.slow
 def test_submit_watch_status_workers(stack):
+    token = stack.secrets.submitter_token
     r = meshkeeper("submit", str(ROOT / "examples" / "tiny-1d.yaml"), "--watch", "--interval", "0.3",
-                   url=stack.controller.url)
+                   url=stack.controller.url, token=token)
     assert r.returncode == 0, r.stderr + stack.logs()
     job = r.stdout.splitlines()[0]
     assert job.startswith("tiny-1d-")
     assert "step 30/30" in r.stdout and "Succeeded" in r.stdout
     assert "tok/s" in r.stdout and "ETA" in r.stdout
-    status = meshkeeper("status", job, url=stack.controller.url)
+    status = meshkeeper("status", job, url=stack.controller.url, token=token)
     assert status.returncode == 0
     assert "pp=0: r0@" in status.stdout and "Succeeded   True" in status.stdout
-    table = meshkeeper("status", url=stack.controller.url).stdout
+    table = meshkeeper("status", url=stack.controller.url, token=token).stdout
     assert job in table
-    workers = meshkeeper("workers", url=stack.controller.url).stdout
+    workers = meshkeeper("workers", url=stack.controller.url, token=token).stdout
     assert all(f"w{i} " in workers for i in range(8))
 
 
@@ -101,7 +105,10 @@ def test_up_starts_the_stack_and_stops_it_completely(tmp_path, redis_server, own
                            "--port", str(port), "--run-dir", str(tmp_path / "run")],
                           cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        r = meshkeeper("ready", "--workers", "2", "--timeout", "60", url=f"http://127.0.0.1:{port}")
+        token = tmp_path / "run" / "secrets" / "api-token"  # up writes it before starting anything
+        wait_until(token.exists, 30, f"{token}")
+        r = meshkeeper("ready", "--workers", "2", "--timeout", "60", url=f"http://127.0.0.1:{port}",
+                       env={**env, "MESHKEEPER_TOKEN_FILE": str(token)})
         assert r.returncode == 0, r.stderr
         kids = descendants(up.pid)
         # the controller and two agents, plus redis-server unless REDIS_URL names one

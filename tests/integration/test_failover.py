@@ -76,7 +76,8 @@ def test_two_replicas_only_the_lease_holder_acts(stack):
     wait_phase(stack.client, jid, ("Succeeded",), 90)
     assert set().union(*controller_sources(stack, jid).values()) == {first.health()["controller"]}
     standby_id = second.health()["controller"]
-    metrics = httpx.get(second.url + "/metrics").text
+    with second.client() as c:
+        metrics = c.http.get("/metrics").text
     assert f'meshkeeper_controller_leader{{controller="{standby_id}"}} 0.0' in metrics
     # the leader dies: the standby takes over once the lease runs out
     first.proc.kill(signal.SIGKILL)
@@ -93,7 +94,7 @@ def test_redis_restart_mid_job(stack):
     stack.redis.kill()
     time.sleep(1.5)
     # the API answers 503 with one clear line while Redis is away, never a traceback
-    r = httpx.get(f"{stack.controller.url}/v1/jobs/{jid}")
+    r = stack.client.http.get(f"/v1/jobs/{jid}")
     assert r.status_code == 503
     assert "cannot reach Redis" in r.json()["detail"]
     assert httpx.get(f"{stack.controller.url}/readyz").status_code == 503

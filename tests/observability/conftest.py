@@ -16,9 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.client import Client
 from services.procs import free_port, stop_all
-from tests.stack import Controller, Proc, RedisServer, wait_until
+from tests.stack import Controller, Proc, RedisServer, TestSecrets, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENTS = 5
@@ -28,11 +27,12 @@ OPEN = ("Pending", "Running", "Recovering")
 class ObsStack:
     def __init__(self, work: Path):
         self.work = work
+        self.secrets = TestSecrets.create(work / "secrets")
         self.redis = RedisServer(work / "redis")
         self.redis.work.mkdir(parents=True)
         self.redis.start()
-        self.controller = Controller(self.redis.url, work / "logs", "controller")
-        self.client = Client(self.controller.url)
+        self.controller = Controller(self.redis.url, work / "logs", "controller", self.secrets)
+        self.client = self.controller.client()
         self.metrics_ports: dict[str, int] = {}
         self.agents = {f"w{i}": self._agent(f"w{i}") for i in range(AGENTS)}
 
@@ -62,7 +62,8 @@ class ObsStack:
         return httpx.get(f"http://127.0.0.1:{self.metrics_ports[wid]}/metrics", timeout=5).text
 
     def scrape_controller(self) -> str:
-        return httpx.get(f"{self.controller.url}/metrics", timeout=5).text
+        return httpx.get(f"{self.controller.url}/metrics", timeout=5,  # as Prometheus scrapes it
+                         headers={"Authorization": f"Bearer {self.secrets.scrape_token}"}).text
 
     def close(self) -> None:
         self.client.close()

@@ -56,12 +56,13 @@ def test_running_job_scrapes_pass_promtool_and_drop_the_job_when_it_ends(obs, pr
 
 
 def test_http_service_discovery_lists_every_agent_for_prometheus(obs, promtool, tmp_path):
-    """promtool runs Prometheus' own HTTP SD against the controller: every agent is a target,
-    with its worker id, at the port it serves metrics on."""
+    """promtool runs Prometheus' own HTTP SD against the controller, with the scrape token as
+    deployed: every agent is a target, with its worker id, at the port it serves metrics on."""
     config = tmp_path / "prometheus.yml"
     config.write_text(json.dumps({"scrape_configs": [{
         "job_name": "meshkeeper-worker",
-        "http_sd_configs": [{"url": f"{obs.controller.url}/v1/sd/workers", "refresh_interval": "5s"}]}]}))
+        "http_sd_configs": [{"url": f"{obs.controller.url}/v1/sd/workers", "refresh_interval": "5s",
+                             "authorization": {"credentials": obs.secrets.scrape_token}}]}]}))
     out = subprocess.run([promtool, "check", "service-discovery", str(config), "meshkeeper-worker",
                           "--timeout=3s"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
