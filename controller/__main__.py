@@ -6,7 +6,9 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
+from controller.admission import AdmissionConfig, Quotas
 from controller.auth import Auth, refuse_without_admin
 from controller.scheduler import SchedulerConfig
 from controller.service import Controller, ControllerConfig
@@ -21,6 +23,17 @@ def _port_range(text: str) -> tuple[int, int]:
     if not 1024 <= lo < hi <= 65536:
         raise argparse.ArgumentTypeError(f"{text!r}: need 1024 <= LOW < HIGH <= 65536")
     return lo, hi
+
+
+def _quota(text: str) -> tuple[str, int]:
+    owner, sep, n = text.partition("=")
+    if not (sep and owner and n.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r}: use OWNER=RANKS, like alice=16")
+    return owner, int(n)
+
+
+def _dirs(text: str | None) -> list[Path]:
+    return [Path(d) for d in (text or "").split(os.pathsep) if d]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -45,6 +58,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="no authentication at all: every caller is admin (throwaway experiments only)")
     ap.add_argument("--tls-cert", default=env("MESHKEEPER_TLS_CERT"), help="serve HTTPS: PEM certificate")
     ap.add_argument("--tls-key", default=env("MESHKEEPER_TLS_KEY"), help="serve HTTPS: PEM private key")
+    ap.add_argument("--data-root", type=Path, action="append", default=_dirs(env("MESHKEEPER_DATA_ROOTS")),
+                    help="a directory whose files jobs may train on (data.source text:/tokens:); "
+                         "repeatable; env MESHKEEPER_DATA_ROOTS (':'-separated). None: synthetic only")
+    ap.add_argument("--checkpoint-root-allow", type=Path, action="append",
+                    default=_dirs(env("MESHKEEPER_CHECKPOINT_ROOTS")),
+                    help="a directory a spec's checkpoint.root may lie in (the agents' "
+                         "--checkpoint-root or below it); repeatable; env MESHKEEPER_CHECKPOINT_ROOTS. "
+                         "None: specs may not set checkpoint.root")
+    ap.add_argument("--quota", type=_quota, action="append", default=[],
+                    help="OWNER=RANKS: most ranks OWNER's jobs may run at once; repeatable")
+    ap.add_argument("--default-quota", type=int, default=None,
+                    help="the quota of owners without --quota (default: unlimited)")
+    ap.add_argument("--reserve-after", type=float, default=300.0,
+                    help="seconds a waiting job that fits the pool lets later jobs start before it "
+                         "(backfill); after that it has first claim on freed workers")
     ap.add_argument("--log-level", default=env("MESHKEEPER_LOG_LEVEL", "info"))
     args = ap.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -69,8 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     from controller.app import create_app
 
     cfg = ControllerConfig(redis_url=args.redis_url, prefix=args.prefix, lease_ttl_s=args.lease_ttl,
-                           scheduler=SchedulerConfig(args.worker_alive, args.rdzv_ports),
-                           agent_redis_url=args.agent_redis_url)
+                           scheduler=SchedulerConfig(args.worker_alive, args.rdzv_ports,
+                                                     reserve_after_s=args.reserve_after,
+                                                     quotas=Quotas(args.default_quota, dict(args.quota))),
+                           agent_redis_url=args.agent_redis_url,
+                           admission=AdmissionConfig(tuple(args.data_root), tuple(args.checkpoint_root_allow)))
     ctl = Controller(cfg)
     uvicorn.run(create_app(ctl, auth), host=args.host, port=args.port, log_level=args.log_level.lower(),
                 access_log=False, ssl_certfile=args.tls_cert, ssl_keyfile=args.tls_key)

@@ -27,6 +27,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from controller import jobs, web
+from controller.admission import admit
 from controller.auth import ADMIN, METRICS, READ, SUBMIT, Auth, Denied, Principal, may_cancel
 from controller.conditions import PHASES, TERMINAL
 from controller.discovery import worker_targets
@@ -116,6 +117,9 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
         data = await _read_json(request)
         try:
             spec = parse_spec(data)
+            # what can never run here: paths outside the roots, over quota, beyond the pool
+            await run_in_threadpool(admit, spec, who.name, ctl.store, ctl.cfg.admission,
+                                    ctl.cfg.scheduler.quotas, alive_s)
         except SpecError as e:
             raise ApiError(422, f"invalid job spec: {len(e.problems)} problem(s)",
                            [{"field": p.field, "message": p.message} for p in e.problems])

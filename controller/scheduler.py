@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from controller.admission import PoolWorker, Quotas, capacity_problems, live_pool
 from controller.availability import RedisAvailability
 from controller.faults import FaultHandler
 from controller.jobs import Job
@@ -21,6 +22,7 @@ from controller.recovery import Layout
 from controller.ranks import rank_view, summarize
 from services.assignment import FINAL_RANK_STATES, Assignment
 from services.mesh import MeshShape
+from services.spec import SpecError, parse_spec
 from services.store import Store, Tx, loads
 
 log = logging.getLogger("meshkeeper.scheduler")
@@ -30,6 +32,10 @@ log = logging.getLogger("meshkeeper.scheduler")
 class SchedulerConfig:
     worker_alive_s: float = 3.0  # a worker silent longer than this is not placed on
     rdzv_ports: tuple[int, int] = (20000, 32000)  # below Linux's ephemeral range
+    # Backfill bound (docs/control-plane.md, "Scheduling"): a job that fits the pool but has
+    # waited this long gets first claim on freed workers; later jobs stop backfilling past it.
+    reserve_after_s: float = 300.0
+    quotas: Quotas = Quotas()
 
 
 class FreePool:
@@ -62,8 +68,13 @@ class Scheduler:
         self.k = store.keys
         self.faults = FaultHandler(self)
         self.pool = FreePool(list)  # each pass starts its own (`run_once`)
+        self._live: list[PoolWorker] | None = None  # every live worker, busy too (per pass)
 
     def run_once(self, lease: str) -> None:
+        """Jobs in submission order. A waiting job (pending, or a recovery waiting for capacity)
+        starts if its owner's quota and the idle workers allow; one that cannot does not block
+        later ones (backfill) unless it fits the pool and has waited `reserve_after_s`: then it
+        reserves, and later waiting jobs start only after it (docs/control-plane.md)."""
         jids = self.store.job_ids(open_only=True)
         if not jids:
             return
@@ -71,20 +82,25 @@ class Scheduler:
         # One pool per pass, not a fresh read per consumer: a list kept for pending jobs while
         # a recovery re-read Redis gave the worker that recovery took to a later pending job.
         self.pool = FreePool(lambda: self.free_workers(now))
+        self._live = None
         records = self.store.jobs(jids)
-        blocked_by: str | None = None
-        for jid in jids:
-            job = Job.from_hash(jid, records[jid])
+        jobs = {jid: Job.from_hash(jid, records[jid]) for jid in jids}
+        running = self.running_ranks([j for j in jobs.values() if j is not None])
+        reserved_by: str | None = None
+        for jid, job in jobs.items():
             if job is None:  # a half-written or deleted record: drop it from the queue
                 self.store.commit(Tx().zrem(self.k.jobs_open(), jid), lease)
             elif job.cancel_requested:
                 self.cancel(job, lease, now)
             elif job.phase == "Pending" or self.awaiting_capacity(job):
-                if blocked_by is None:
-                    if self.try_start(job, lease, now):
-                        continue
-                    blocked_by = jid
-                self.wait(job, self.pool.workers, blocked_by, lease, now)
+                if self.over_quota(job, running, lease, now):
+                    continue
+                if reserved_by is None and self.try_start(job, lease, now):
+                    running[job.owner] = running.get(job.owner, 0) + self.ranks(job)
+                    continue
+                if reserved_by is None and self.reserves(job, now):
+                    reserved_by = jid
+                self.wait(job, reserved_by, lease, now)
             elif job.phase in ("Running", "Recovering"):
                 self.follow(job, lease, now)
 
@@ -171,20 +187,72 @@ class Scheduler:
             if port not in used:
                 return port
 
-    def wait(self, job: Job, free: list[FreeWorker], blocked_by: str, lease: str, now: float) -> None:
-        p, spares = job.spec["parallel"], job.spec["fault_tolerance"]["spares"]
-        need = p["dp"] * p["pp"] * p["tp"]
-        if blocked_by == job.id:
-            msg = (f"needs {need} worker slots + {spares} spare workers; "
-                   f"{sum(w.slots for w in free)} slots on {len(free)} idle workers")
+    # -- waiting: backfill order and quotas ------------------------------------------------
+    @staticmethod
+    def ranks(job: Job) -> int:
+        p = job.spec["parallel"]
+        return job.dp * p["pp"] * p["tp"]
+
+    def running_ranks(self, jobs: list[Job]) -> dict[str | None, int]:
+        """owner -> ranks of its jobs that hold workers now (what quotas count)."""
+        out: dict[str | None, int] = {}
+        for job in jobs:
+            if job.phase in ("Running", "Recovering") and not self.awaiting_capacity(job):
+                out[job.owner] = out.get(job.owner, 0) + self.ranks(job)
+        return out
+
+    def over_quota(self, job: Job, running: dict[str | None, int], lease: str, now: float) -> bool:
+        """True (and the job marked WaitingForQuota) when starting it would put its owner over
+        the quota; it waits without blocking anyone (a job larger than the whole quota was
+        refused at submission)."""
+        limit = self.cfg.quotas.limit(job.owner)
+        used = running.get(job.owner, 0)
+        if limit is None or used + self.ranks(job) <= limit:
+            return False
+        self._waiting(job, "WaitingForQuota", f"needs {self.ranks(job)} ranks; owner "
+                      f"{job.owner or 'anonymous'} runs {used} of its quota of {limit}", lease, now)
+        return True
+
+    def live(self) -> list[PoolWorker]:
+        if self._live is None:
+            self._live = live_pool(self.store, self.cfg.worker_alive_s)
+        return self._live
+
+    def fits_pool(self, job: Job) -> bool:
+        """Whether the job would fit the live pool were every worker idle (admission's test)."""
+        try:
+            spec = parse_spec(job.spec)
+        except SpecError:  # stored before a stricter check: the pass must go on
+            return False
+        return bool(self.live()) and not capacity_problems(spec, self.live())
+
+    def reserves(self, job: Job, now: float) -> bool:
+        """The starvation bound: a job that could run were workers freed, waiting for
+        `reserve_after_s` since it last stopped running (or was submitted)."""
+        since = (job.condition("Running") or {}).get("lastTransitionTime") or job.submitted_at or now
+        return now - since >= self.cfg.reserve_after_s and self.fits_pool(job)
+
+    def wait(self, job: Job, reserved_by: str | None, lease: str, now: float) -> None:
+        spares = job.spec["fault_tolerance"]["spares"]
+        free = self.pool.workers
+        if reserved_by is not None and reserved_by != job.id:
+            msg = (f"queued behind job {reserved_by}, which has waited over "
+                   f"{self.cfg.reserve_after_s:g}s and has first claim on freed workers")
         else:
-            msg = f"queued behind job {blocked_by} (jobs start in submission order)"
+            msg = (f"needs {self.ranks(job)} worker slots + {spares} spare workers; "
+                   f"{sum(w.slots for w in free)} slots on {len(free)} idle workers")
+            if reserved_by == job.id:
+                msg += "; later jobs wait behind it (it has waited the longest)"
+            elif not self.fits_pool(job):
+                msg += "; more than the live pool holds even when idle: waiting for workers to join"
+        self._waiting(job, "WaitingForCapacity", msg, lease, now)
+
+    def _waiting(self, job: Job, reason: str, msg: str, lease: str, now: float) -> None:
         was = (job.condition("Running") or {}).get("reason")
-        if job.set("Running", False, "WaitingForCapacity", msg, now):
+        if job.set("Running", False, reason, msg, now):
             tx = Tx().hset(self.k.job(job.id), job.fields())
-            if was != "WaitingForCapacity":  # an event when it starts waiting, not per count change
-                tx.event(self.k.job_events(job.id),
-                         self._event("Normal", "WaitingForCapacity", msg, now, job.generation))
+            if was != reason:  # an event when it starts waiting, not per count change
+                tx.event(self.k.job_events(job.id), self._event("Normal", reason, msg, now, job.generation))
             self.store.commit(tx, lease)
 
     # -- running jobs ------------------------------------------------------------------

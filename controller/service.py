@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import redis
 
+from controller.admission import AdmissionConfig
 from controller.availability import RedisAvailability
 from controller.lease import LeaseKeeper
 from controller.metrics import ControllerMetrics
@@ -29,6 +30,7 @@ class ControllerConfig:
     interval_s: float = 0.25
     scheduler: SchedulerConfig = SchedulerConfig()
     agent_redis_url: str | None = None  # what /v1/agent/bootstrap tells agents (default: ours)
+    admission: AdmissionConfig = AdmissionConfig()  # data/checkpoint roots (controller/admission.py)
 
 
 class Controller:

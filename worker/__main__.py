@@ -55,6 +55,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--run-dir", type=Path, default=Path(env("MESHKEEPER_RUN_DIR", ".meshkeeper")),
                     help="logs, specs and metrics files of this worker's trainers")
     ap.add_argument("--checkpoint-root", type=Path, default=env("MESHKEEPER_CHECKPOINT_ROOT"))
+    ap.add_argument("--data-root", type=Path, action="append",
+                    default=[Path(d) for d in env("MESHKEEPER_DATA_ROOTS", "").split(os.pathsep) if d],
+                    help="a directory jobs may read text:/tokens: data from; repeatable (env "
+                         "MESHKEEPER_DATA_ROOTS, ':'-separated). None: synthetic data only")
     ap.add_argument("--heartbeat", type=float, default=0.5, help="seconds between heartbeats")
     ap.add_argument("--stop-grace", type=float, default=3.0, help="SIGTERM -> SIGKILL, seconds")
     ap.add_argument("--metrics-port", type=int, default=int(env("MESHKEEPER_METRICS_PORT", "9400")),
@@ -108,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                       run_dir=args.run_dir.resolve(), devices=args.devices,
                       warm=args.devices if args.warm is None else args.warm,
                       heartbeat_s=args.heartbeat, stop_grace_s=args.stop_grace,
-                      checkpoint_root=args.checkpoint_root.resolve() if args.checkpoint_root else None)
+                      checkpoint_root=args.checkpoint_root.resolve() if args.checkpoint_root else None,
+                      data_roots=tuple(args.data_root))
     metrics = AgentMetrics(args.peak_flops or None, cfg.devices)
     agent.append(Agent(cfg, Store(redis_url, prefix), metrics))
     metrics.watch(agent[0])

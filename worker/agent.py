@@ -26,7 +26,9 @@ from pathlib import Path
 import redis
 
 from services.assignment import Assignment
+from services.paths import confine_spec
 from services.procs import stop_all
+from services.spec import SpecError
 from services.store import Backoff, Store, loads
 from worker.ckpt_store import Pointer, remove_checkpoints
 from worker.heartbeat import Heartbeat
@@ -51,6 +53,7 @@ class AgentConfig:
     tick_s: float = 0.2
     stop_grace_s: float = 3.0  # SIGTERM -> SIGKILL
     checkpoint_root: Path | None = None  # shared by every worker of a job (default: run_dir)
+    data_roots: tuple[Path, ...] = ()  # where text:/tokens: data may be read (services/paths.py)
 
 
 @dataclass
@@ -190,12 +193,17 @@ class Agent:
         d = self.cfg.run_dir / "jobs" / job / f"g{generation}"
         d.mkdir(parents=True, exist_ok=True)
         spec = asg.effective_spec(spec)  # the mesh may have shrunk after a failure
+        default_root = self.cfg.checkpoint_root or self.cfg.run_dir / "checkpoints"
+        try:  # again on this host, whatever reached Redis: trainers get the resolved paths
+            spec = confine_spec(spec, self.cfg.data_roots, [default_root], on_host=True)
+        except SpecError as e:
+            return self._refuse(job, generation, asg, str(e))
         window = int(spec["fault_tolerance"].get("straggler", {}).get("window_steps", 20))
         spec_path = d / "spec.json"
         spec_path.write_text(json.dumps(spec))
-        # Always under the agent's root, whatever the spec says (DESIGN.md section 10), and per
-        # job id: the trainer names its directory after the spec's name, which jobs may share.
-        ckpt_root = (self.cfg.checkpoint_root or self.cfg.run_dir / "checkpoints") / job
+        # The spec's root only inside the agent's own (checked above), and per job id: the
+        # trainer names its directory after the spec's name, which jobs may share.
+        ckpt_root = Path(spec["checkpoint"].get("root") or default_root) / job
         # Restore follows the committed pointer, never the newest directory on disk. Read after
         # the new assignment: the CAS refuses the old generation from then on, so this history
         # is final for this generation's start.
@@ -219,6 +227,16 @@ class Agent:
                  job, generation, sorted(pids), sorted(pids.values()), asg.master_addr, asg.master_port)
         self._event("TrainerStarted", f"worker {self.cfg.wid} started ranks {sorted(pids)} "
                                       f"(pids {sorted(pids.values())})")
+
+    def _refuse(self, job: str, generation: int, asg: Assignment, why: str) -> None:
+        """Fail this worker's ranks without starting trainers, as a trainer refusing its spec
+        would (exit code 2: the controller fails the job, no restart), and serve on idle."""
+        ranks = {str(e.rank): {"state": "failed", "exit_code": 2, "error": why, "exited_at": self._now()}
+                 for e in asg.ranks_of(self.cfg.wid)}
+        self.store.write_progress(self.cfg.wid, {"job": job, "generation": generation, "state": "failed",
+                                                 "ranks": ranks, "updated_at": time.time()})
+        self.run = Run(job, generation, "refused")
+        log.error("job %s generation %d refused: %s", job, generation, why)
 
     def _started_before(self, job: str, generation: int) -> bool:
         """A previous incarnation of this agent (same id) already ran this generation: its

@@ -7,7 +7,8 @@ global batch, and resuming at any dp needs only the step number.
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+import stat
 
 import numpy as np
 import torch
@@ -76,10 +77,20 @@ class FileTokens:
     """Windows of a token array (bytes of a text file, or a uint16/uint32 memmap)."""
 
     def __init__(self, path: str, dtype: str, vocab: int):
-        p = Path(path)
-        if not p.is_file():
-            raise DataError(f"data.source: {path} does not exist or is not a file; fix the path")
-        self.tokens = np.memmap(p, dtype=np.dtype(dtype), mode="r")
+        # The agent hands over the path it resolved under its data roots (services/paths.py);
+        # O_NOFOLLOW refuses a link swapped in since, and fstat checks what was really opened.
+        refused = DataError(f"data.source: {path} does not exist or is not a readable, non-empty "
+                            "regular file (links are not followed); fix the path")
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            raise refused from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+            os.close(fd)
+            raise refused
+        with os.fdopen(fd, "rb") as f:  # the map keeps its own reference to the file
+            self.tokens = np.memmap(f, dtype=np.dtype(dtype), mode="r")
         self.vocab = vocab
 
     def samples(self, seed: int, indices: range, length: int) -> np.ndarray:

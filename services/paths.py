@@ -1,0 +1,102 @@
+"""Paths a job spec names (`data.source` text:/tokens:, `checkpoint.root`), confined to roots.
+
+A path is taken only when it is absolute, has no `..`, lies under one of the configured
+roots, and no component on the way is a symlink whose target leaves that root. Whatever the
+filesystem says (missing, not a regular file, unreadable, a link out of the root) gets the
+same message, so a refusal never tells whether something exists outside the roots.
+
+The controller checks at submission without requiring the file (it may not mount the data
+volume); the agent checks again on its host, requiring a regular file, and hands its trainers
+the resolved path (`confine_spec`). Torch-free: the controller imports it.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Sequence
+
+from services.spec import Problem, SpecError
+
+
+class PathRefused(ValueError):
+    pass
+
+
+def _within(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def confine(path: str, roots: Sequence[Path], *, must_exist: bool) -> Path:
+    """`path` resolved under one of `roots`, or PathRefused. `must_exist`: a regular file."""
+    if not roots:
+        raise PathRefused("no roots are configured here, so no path is allowed")
+    shown = ", ".join(str(r) for r in roots)
+    if not os.path.isabs(path):
+        raise PathRefused(f"{path!r} is relative; give an absolute path under {shown}")
+    if ".." in Path(path).parts:
+        raise PathRefused(f"{path!r} contains '..'; give a plain absolute path under {shown}")
+    refused = PathRefused(f"{path!r} is not {'a readable file' if must_exist else 'a directory'} "
+                          f"under the allowed roots ({shown}); use a path inside one of them, "
+                          "without symlinks that lead out of it")
+    lexical = Path(os.path.normpath(path))  # folds '.' and '//' ('..' is refused above)
+    for root in roots:
+        real_root = Path(os.path.realpath(root))
+        for base in (Path(os.path.abspath(root)), real_root):  # a root may itself be a link
+            if _within(lexical, base):
+                return _walk(real_root, lexical.relative_to(base).parts, must_exist, refused)
+    raise refused
+
+
+def _walk(root: Path, parts: tuple[str, ...], must_exist: bool, refused: PathRefused) -> Path:
+    """Follow `parts` from `root` one component at a time; any link must stay in the root."""
+    cur = root
+    for i, part in enumerate(parts):
+        nxt = cur / part
+        try:
+            mode = os.lstat(nxt).st_mode
+        except OSError:  # missing or unreadable: the rest cannot be links
+            if must_exist:
+                raise refused from None
+            return nxt.joinpath(*parts[i + 1:])
+        if stat.S_ISLNK(mode):
+            nxt = Path(os.path.realpath(nxt))
+            if not _within(nxt, root):
+                raise refused
+        cur = nxt
+    if must_exist:
+        try:
+            ok = stat.S_ISREG(os.stat(cur).st_mode) and os.access(cur, os.R_OK)
+        except OSError:
+            ok = False
+        if not ok:
+            raise refused
+    return cur
+
+
+def confine_spec(spec: dict, data_roots: Sequence[Path], checkpoint_roots: Sequence[Path], *,
+                 on_host: bool) -> dict:
+    """The spec (JSON form) with `data.source` and `checkpoint.root` checked against the roots;
+    `on_host` (the agent): the data file must exist, and both come back resolved. SpecError
+    names each refused field and its fix."""
+    data, ckpt = dict(spec.get("data") or {}), dict(spec.get("checkpoint") or {})
+    problems = []
+    kind, _, path = str(data.get("source", "synthetic")).partition(":")
+    if kind in ("text", "tokens"):
+        try:
+            data["source"] = f"{kind}:{confine(path, data_roots, must_exist=on_host)}"
+        except PathRefused as e:
+            fix = ("add a data root (controller and agent flag --data-root) or use "
+                   "data.source: synthetic" if not data_roots else "move the file under a data root")
+            problems.append(Problem("data.source", f"{e}; {fix}"))
+    if ckpt.get("root"):
+        try:
+            ckpt["root"] = str(confine(ckpt["root"], checkpoint_roots, must_exist=False))
+        except PathRefused as e:
+            problems.append(Problem("checkpoint.root", f"{e}; leave checkpoint.root out (checkpoints "
+                                    "then go under the workers' own checkpoint root) or use a "
+                                    "directory under --checkpoint-root-allow"))
+    if problems:
+        raise SpecError(problems)
+    return {**spec, "data": data, "checkpoint": ckpt}
