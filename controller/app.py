@@ -26,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from controller import jobs, web
+from controller import agents_api, jobs, web
 from controller.admission import admit
 from controller.auth import ADMIN, METRICS, READ, SUBMIT, Auth, Denied, Principal, may_cancel
 from controller.conditions import PHASES, TERMINAL
@@ -197,6 +197,7 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
         """Prometheus HTTP service discovery: every live worker's metrics endpoint."""
         return worker_targets(ctl.store, alive_s)
 
+    app.include_router(agents_api.router(ctl))  # POST /v1/agents/join
     web.mount(app)  # the mesh page at /ui/
     return app
 

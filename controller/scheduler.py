@@ -111,12 +111,14 @@ class Scheduler:
 
     # -- placing --------------------------------------------------------------------------
     def free_workers(self, now: float) -> list[FreeWorker]:
-        """Alive workers whose agent is idle and that no job holds, in name order."""
+        """Alive workers whose agent is idle and that no job holds, in name order; only
+        workers the controller registered at join (`joined_at`): a name that is only in
+        `workers:seen` (any agent may beat there) never gets a rank."""
         wids = self.faults.admissible(sorted(self.store.alive_workers(self.cfg.worker_alive_s, now), key=natural_key), now)  # quarantine
         infos, pointers = self.store.workers(wids), self.store.assignments(wids)
         return [FreeWorker(w, loads(infos[w].get("labels"), {}).get("host") or infos[w].get("host", "?"),
                            infos[w].get("address", "127.0.0.1"), int(infos[w].get("devices", 1)))
-                for w in wids if infos[w].get("state") == "idle" and not pointers[w]]
+                for w in wids if infos[w].get("joined_at") and infos[w].get("state") == "idle" and not pointers[w]]
 
     def try_start(self, job: Job, lease: str, now: float) -> Placement | None:
         """Start `job` on workers of the pass's pool (and take them), if they fit."""

@@ -133,10 +133,16 @@ def cmd_up(args: argparse.Namespace) -> int:
     _stop_on_signals()
     try:
         stack.start()
-        print(f"meshkeeper up: controller {stack.url}, redis {stack.redis_url}, "
-              f"{args.workers} workers; logs in {stack.logs}", flush=True)
-        print(f"  export MESHKEEPER_URL={stack.url}; meshkeeper submit SPEC.yaml --watch  "
-              "(Ctrl-C here stops everything)", flush=True)
+        sec = stack.secrets
+        print(f"meshkeeper up: controller {stack.url}, {args.workers} workers; logs in {stack.logs}; "
+              f"secrets (tokens, Redis passwords; mode 0600) in {sec.dir}", flush=True)
+        print(f"  export MESHKEEPER_URL={stack.url} MESHKEEPER_TOKEN_FILE={sec.api_token_file}\n"
+              f"  meshkeeper submit SPEC.yaml --watch   (Ctrl-C here stops everything)\n"
+              f"  more agents: python -m worker --controller {stack.url} --join-token-file {sec.join_token_file}",
+              flush=True)
+        if stack.redis_argv:  # our own redis-server
+            print(f"  redis-cli: REDISCLI_AUTH=$(cat {sec.dir / 'redis-admin-password'}) redis-cli "
+                  f"--user admin -p {stack.redis_argv[2]}", flush=True)
         while True:
             stack.check()
             time.sleep(0.5)
@@ -180,7 +186,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"meshkeeper demo: starting redis, a controller and {args.workers} workers "
               f"(logs in {stack.logs})", flush=True)
         stack.start()
-        with Client(stack.url) as c:
+        with Client(stack.url, stack.secrets.admin_token) as c:
             job = c.submit(spec.model_dump(mode="json"))
             at = args.kill_at_step or max(spec.checkpoint.every_steps + 2, int(spec.train.steps * 0.4))
             print(f"submitted {args.spec} as {job.id}; a rank will be killed at step {at}", flush=True)

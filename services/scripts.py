@@ -1,9 +1,15 @@
 """Lua scripts for the writes that must be atomic (see services/store.py).
 
 Redis 7 replicates script effects, so TIME may be called before a write.
+
+Scripts an agent runs (HEARTBEAT, CHECKPOINT_CAS) take the keys the agent may only read in
+ARGV, not KEYS: Redis ACLs demand read *and* write permission on every key declared to
+EVAL/EVALSHA, while a command inside the script is checked as what it is (an HMGET needs read
+only). The agent's ACL user (services/store.py `agent_acl`) can then read, never write, its
+assignment pointer and the job's hash. Keys in ARGV are invisible to Redis Cluster routing.
 """
 
-# KEYS: workers:seen, worker:{wid}, worker:{wid}:assignment   ARGV: wid, job, generation
+# KEYS: workers:seen, worker:{wid}   ARGV: wid, job, generation, worker:{wid}:assignment (read)
 #   -> {server time, the pointer's job, the pointer's generation}
 # The answer is how an agent confirms its generation is still current (its commit lease).
 HEARTBEAT = """
@@ -11,7 +17,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('HSET', KEYS[2], 'beat', now, 'job', ARGV[2], 'generation', ARGV[3])
-local p = redis.call('HMGET', KEYS[3], 'job', 'generation')
+local p = redis.call('HMGET', ARGV[4], 'job', 'generation')
 return {tostring(now), p[1] or '', p[2] or '0'}
 """
 
@@ -110,25 +116,30 @@ end
 return #cmds
 """
 
-# KEYS: job:{jid}, job:{jid}:checkpoint   ARGV: generation, step, path, keep
+# KEYS: job:{jid}:checkpoint
+# ARGV: generation, step, path, keep, jid, job:{jid} (read), worker:{wid}:assignment (read)
 #   -> false when refused, else a JSON list of the history entries that fell out of the
 #      newest `keep` (the caller deletes exactly those directories, nothing else).
 # Only the job's current generation may move the pointer, and only forward, except that a
-# newer generation may restart from an older step (it restored a previous checkpoint).
+# newer generation may restart from an older step (it restored a previous checkpoint); and
+# only a worker whose own assignment pointer names that job and generation (an agent's ACL
+# user reads only its own pointer, so it cannot pass another worker's).
 # `history` (newest first) is what restore may fall back to; all checks come before any write.
 CHECKPOINT_CAS = """
 local gen, step, keep = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[4])
-if tonumber(redis.call('HGET', KEYS[1], 'generation') or '-1') ~= gen then return false end
-local cur_step = tonumber(redis.call('HGET', KEYS[2], 'step') or '-1')
-local cur_gen = tonumber(redis.call('HGET', KEYS[2], 'generation') or '-1')
+if tonumber(redis.call('HGET', ARGV[6], 'generation') or '-1') ~= gen then return false end
+local mine = redis.call('HMGET', ARGV[7], 'job', 'generation')
+if mine[1] ~= ARGV[5] or tonumber(mine[2] or '-1') ~= gen then return false end
+local cur_step = tonumber(redis.call('HGET', KEYS[1], 'step') or '-1')
+local cur_gen = tonumber(redis.call('HGET', KEYS[1], 'generation') or '-1')
 if gen == cur_gen and step <= cur_step then return false end
 if gen < cur_gen then return false end
-local history = cjson.decode(redis.call('HGET', KEYS[2], 'history') or '[]')
+local history = cjson.decode(redis.call('HGET', KEYS[1], 'history') or '[]')
 table.insert(history, 1, {step = step, generation = gen, path = ARGV[3]})
 local dropped = {}
 while #history > keep do table.insert(dropped, table.remove(history)) end
 local t = redis.call('TIME')
-redis.call('HSET', KEYS[2], 'step', ARGV[2], 'path', ARGV[3], 'generation', ARGV[1],
+redis.call('HSET', KEYS[1], 'step', ARGV[2], 'path', ARGV[3], 'generation', ARGV[1],
            'time', tonumber(t[1]) + tonumber(t[2]) / 1e6, 'history', cjson.encode(history))
 if #dropped == 0 then return '[]' end
 return cjson.encode(dropped)

@@ -9,6 +9,12 @@ Redis keeps its data in an append-only file under `{run_dir}/redis` (fsync every
 and the controller and agents reconnect on their own. A SIGKILL of redis-server loses no
 acknowledged write (Redis write(2)s the AOF before it replies, and the page cache outlives the
 process); only a crash of the whole host can lose the last second.
+
+Auth is on (docs/security.md): `up` generates fresh secrets into `{run_dir}/secrets/`
+(services/secrets.py), runs redis-server with `{run_dir}/redis/users.acl` (`default` off; users
+`admin` and `controller`), the controller with its auth file and its own Redis user, and the
+agents with the join token: each gets its own Redis user at join, which the controller saves to
+the aclfile (ACL SAVE), so a restarted redis-server still knows every agent.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from typing import Callable
 
 from services.client import ApiError, Client
 from services.procs import die_with_parent, free_port, stop_all
-from services.store import Store, wait_for_redis
+from services.secrets import LocalSecrets, write_secret
+from services.store import Store, acl_file, wait_for_redis, with_credentials
 
 
 class StackError(RuntimeError):
@@ -55,7 +62,7 @@ class StackConfig:
     workers: int
     port: int
     run_dir: Path
-    redis_url: str | None = None  # None: start our own redis-server
+    redis_url: str | None = None  # None: start our own; else one the controller may manage ACL users on
     warm: int = 1
 
 
@@ -65,16 +72,20 @@ REDIS_RESTART_WINDOW_S = 60.0
 
 def redis_argv(exe: str, port: int, data_dir: Path) -> list[str]:
     """The redis-server command line of `meshkeeper up`: AOF in the run dir, fsync every
-    second, no RDB snapshots (the AOF alone is reloaded on start)."""
+    second, no RDB snapshots (the AOF alone is reloaded on start); users from the aclfile
+    there (`users.acl`), where ACL SAVE keeps the agent users across restarts."""
     return [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir),
-            "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""]
+            "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+            "--aclfile", str(data_dir / "users.acl")]
 
 
 class LocalStack:
     def __init__(self, cfg: StackConfig, say: Callable[[str], None] | None = None):
         self.cfg = cfg
         self.url = f"http://127.0.0.1:{cfg.port}"
-        self.redis_url = cfg.redis_url or ""
+        self.redis_url = cfg.redis_url or ""  # ours: as user admin (operators, `check`)
+        self.controller_redis_url = cfg.redis_url or ""
+        self.secrets = LocalSecrets.create(cfg.run_dir)  # fresh for every stack
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs = cfg.run_dir / "logs"
         self.redis_argv: list[str] = []  # set when we run redis-server ourselves
@@ -97,9 +108,11 @@ class LocalStack:
             self._start_redis(timeout_s)
         py = sys.executable
         self._spawn("controller", [py, "-m", "controller", "--host", "127.0.0.1", "--port",
-                                   str(self.cfg.port), "--redis-url", self.redis_url])
+                                   str(self.cfg.port), "--redis-url", self.controller_redis_url,
+                                   "--auth-file", str(self.secrets.auth_file)])
         for i in range(self.cfg.workers):
-            argv = [py, "-m", "worker", "--redis-url", self.redis_url, "--id", f"w{i}",
+            argv = [py, "-m", "worker", "--controller", self.url, "--join-token-file",
+                    str(self.secrets.join_token_file), "--id", f"w{i}",
                     "--address", "127.0.0.1", "--run-dir", str(self.cfg.run_dir / "workers" / f"w{i}"),
                     "--warm", str(self.cfg.warm), "--metrics-port", "0",
                     "--checkpoint-root", str(self.cfg.run_dir / "checkpoints")]  # one for all ranks
@@ -114,9 +127,14 @@ class LocalStack:
         port = free_port()
         data = self.cfg.run_dir / "redis"
         data.mkdir(parents=True, exist_ok=True)
+        # A fresh users file with this run's passwords: agents of an earlier run rejoin anyway.
+        write_secret(data / "users.acl", acl_file("mk:", self.secrets.redis_admin_password,
+                                                  self.secrets.redis_controller_password).rstrip())
         self.redis_argv = redis_argv(exe, port, data)
         self._spawn("redis", self.redis_argv)
-        self.redis_url = f"redis://127.0.0.1:{port}/0"
+        base = f"redis://127.0.0.1:{port}/0"
+        self.redis_url = with_credentials(base, "admin", self.secrets.redis_admin_password)
+        self.controller_redis_url = with_credentials(base, "controller", self.secrets.redis_controller_password)
         self._wait_redis(timeout_s)
 
     def _wait_redis(self, timeout_s: float) -> None:
@@ -129,7 +147,7 @@ class LocalStack:
             store.close()
 
     def _wait_ready(self, timeout_s: float) -> None:
-        if not wait_ready(self.url, self.cfg.workers, timeout_s, self.check):
+        if not wait_ready(self.url, self.cfg.workers, timeout_s, self.check, token=self.secrets.admin_token):
             raise StackError(f"the stack was not ready within {timeout_s:.0f}s; see the logs in {self.logs}")
 
     def check(self) -> None:
@@ -151,7 +169,8 @@ class LocalStack:
                              f"{REDIS_RESTART_WINDOW_S:.0f}s (last code {code}); see {self.logs / 'redis.log'}")
         self._redis_restarts.append(now)
         self.say(f"meshkeeper up: redis-server exited (code {code}); restarting it on "
-                 f"{self.redis_url} from its append-only file in {self.cfg.run_dir / 'redis'}")
+                 f"port {self.redis_argv[2]} from its append-only file and users file in "
+                 f"{self.cfg.run_dir / 'redis'}")
         self._spawn("redis", self.redis_argv)
         self._wait_redis(30.0)
         self.say("meshkeeper up: redis-server is back; every job was reloaded from its append-only file")

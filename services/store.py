@@ -9,11 +9,14 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -65,8 +68,7 @@ class Keys:
     def workers_seen(self) -> str:
         return f"{self.prefix}workers:seen"
 
-    # A job's keys share the hash tag {jid}: Redis Cluster puts them in one slot, so a script
-    # touching only one job's keys (CHECKPOINT_CAS) runs there unchanged.
+    # A job's keys share the hash tag {jid}: Redis Cluster puts them in one slot.
     def job(self, jid: str) -> str:
         return f"{self.prefix}job:{{{jid}}}"
 
@@ -161,6 +163,68 @@ class Beat:
     generation: int
 
 
+# Redis ACL users (docs/security.md). The `default` user is off; `admin` is for operators and
+# tests, `controller` for the controller, and each joined worker has `agent-{wid}`, which the
+# controller creates at join. Ids and prefixes go into ACL key patterns, so they may not hold
+# glob characters (* ? [ ] \): a worker id "w*" would otherwise own every worker's keys.
+WORKER_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+PREFIX_RE = re.compile(r"^[A-Za-z0-9:._-]{0,32}$")
+
+
+def agent_user(wid: str) -> str:
+    return f"agent-{wid}"
+
+
+def acl_password(password: str) -> str:
+    """The ACL rule that sets `password` by its sha256 (Redis keeps only the hash)."""
+    return "#" + hashlib.sha256(password.encode()).hexdigest()
+
+
+def controller_acl(prefix: str) -> list[str]:
+    """The controller's rules: every key and channel under the prefix, no server-wide
+    commands (FLUSHALL, CONFIG, KEYS, ...), plus what it needs to manage agent users and
+    read the server's uptime."""
+    return [f"~{prefix}*", f"&{prefix}*", "+@all", "-@dangerous", "+info", "+acl|setuser",
+            "+acl|deluser", "+acl|getuser", "+acl|save", "+client|kill"]
+
+
+def agent_acl(prefix: str, wid: str) -> list[str]:
+    """An agent's rules: read/write only its own keys, read (never write) what the controller
+    writes for it and the job keys, append job events, beat in `workers:seen`. Redis checks
+    commands a script runs against these too, so they cover HEARTBEAT and CHECKPOINT_CAS."""
+    if not WORKER_ID_RE.match(wid) or not PREFIX_RE.match(prefix):
+        raise ValueError(f"worker id {wid!r} / prefix {prefix!r} not allowed in an ACL pattern")
+    me = f"{prefix}worker:{wid}"
+    return ["resetkeys", "resetchannels", "-@all",
+            "+ping", "+time", "+hello", "+auth",
+            "+evalsha", "+eval", "+script|load", "+subscribe", "+unsubscribe", "+multi", "+exec", "+discard",
+            "+hget", "+hgetall", "+hmget", "+hset", "+del", "+zadd", "+zrem", "+xadd",
+            f"%RW~{me}", f"%RW~{me}:progress", f"%RW~{me}:probe",
+            f"%R~{me}:assignment", f"%R~{me}:health",  # controller-written: read only
+            f"%RW~{prefix}workers:seen",
+            f"%R~{prefix}job:*", f"%W~{prefix}job:*:events", f"%W~{prefix}job:*:checkpoint",
+            f"&{me}:assignment"]
+
+
+def acl_file(prefix: str, admin_password: str, controller_password: str) -> str:
+    """The users file (redis-server --aclfile) of a fresh Redis: default off, admin and
+    controller. Agent users are added at runtime and kept by ACL SAVE."""
+    return "\n".join([
+        "user default off resetkeys resetchannels -@all",
+        f"user admin on {acl_password(admin_password)} ~* &* +@all",
+        f"user controller on {acl_password(controller_password)} " + " ".join(controller_acl(prefix)),
+    ]) + "\n"
+
+
+def with_credentials(url: str, user: str, password: str) -> str:
+    """`url` (redis:// or rediss://) with its user and password replaced."""
+    u = urlsplit(url)
+    host = u.hostname or "127.0.0.1"
+    host = f"[{host}]" if ":" in host else host
+    netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}" + (f":{u.port}" if u.port else "")
+    return urlunsplit((u.scheme, netloc, u.path, u.query, u.fragment))
+
+
 def loads(value: str | None, default: Any = None) -> Any:
     if not value:
         return default
@@ -225,10 +289,29 @@ class Store:
 
     def heartbeat(self, wid: str, job: str = "", generation: int = 0) -> "Beat":
         """Stamp `workers:seen` with server time; returns that time and the worker's pointer."""
-        t, pjob, pgen = self._heartbeat(
-            keys=[self.keys.workers_seen(), self.keys.worker(wid), self.keys.worker_assignment(wid)],
-            args=[wid, job, generation])
+        t, pjob, pgen = self._heartbeat(keys=[self.keys.workers_seen(), self.keys.worker(wid)],
+                                        args=[wid, job, generation, self.keys.worker_assignment(wid)])
         return Beat(float(t), pjob, int(pgen or 0))
+
+    def join_worker(self, wid: str, info: dict[str, Any], password: str) -> bool:
+        """The controller's side of a join: (re)create the agent's ACL user with `password`,
+        drop connections of an earlier incarnation (they were authenticated with the old
+        password), and write the registration with a controller-set `joined_at`. Returns
+        whether the user was saved to Redis's aclfile (False: Redis has none, and agent users
+        last until it restarts)."""
+        user = agent_user(wid)
+        self.r.execute_command("ACL", "SETUSER", user, "reset", "on", acl_password(password),
+                               *agent_acl(self.keys.prefix, wid))
+        self.r.execute_command("CLIENT", "KILL", "USER", user)
+        pipe = self.r.pipeline()
+        pipe.delete(self.keys.worker(wid))
+        pipe.hset(self.keys.worker(wid), mapping=flat({**info, "joined_at": self.now()}))
+        pipe.execute()
+        try:
+            self.r.execute_command("ACL", "SAVE")
+        except redis.ResponseError:  # "not configured to use an ACL file"
+            return False
+        return True
 
     def deregister_worker(self, wid: str) -> None:
         pipe = self.r.pipeline()
@@ -247,12 +330,14 @@ class Store:
         pipe.execute()
 
     def commit_checkpoint(self, jid: str, generation: int, step: int, path: str,
-                          keep: int = 1_000_000) -> list[dict] | None:
-        """Move the checkpoint pointer, only within the job's current generation and forward.
+                          keep: int = 1_000_000, *, wid: str) -> list[dict] | None:
+        """Move the checkpoint pointer, only within the job's current generation and forward,
+        and only for worker `wid` while its assignment names that job and generation.
         None when refused; else the history entries that fell out of the newest `keep`, which
         no pointer references any more (the only checkpoints anyone may delete)."""
-        dropped = self._checkpoint(keys=[self.keys.job(jid), self.keys.job_checkpoint(jid)],
-                                   args=[generation, step, path, max(1, keep)])
+        dropped = self._checkpoint(keys=[self.keys.job_checkpoint(jid)],
+                                   args=[generation, step, path, max(1, keep), jid, self.keys.job(jid),
+                                         self.keys.worker_assignment(wid)])
         return None if dropped is None else loads(dropped, [])
 
     def checkpoint_history(self, jid: str) -> list[dict]:

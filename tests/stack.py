@@ -19,12 +19,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 import redis
 
 from services.client import ApiError, Client
 from services.procs import free_port, signal_group, stop_all
-from services.store import Store, wait_for_redis
+from services.store import Store, acl_file, wait_for_redis, with_credentials
 from services.tokens import new_token, write_auth_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,12 +51,20 @@ class TestSecrets:
     redis_admin_password: str
     redis_controller_password: str
 
+    @property
+    def join_token_file(self) -> Path:
+        """The join token in a 0600 file beside the auth file (agents read it from there)."""
+        return self.auth_file.parent / "join-token"
+
     @classmethod
     def create(cls, work: Path) -> "TestSecrets":
         work.mkdir(parents=True, exist_ok=True)
         tokens = {role: new_token() for role in ("admin", "viewer", "submitter", "scrape")}
         join = new_token()
         auth = write_auth_file(work / "auth.json", [(role, role, t) for role, t in tokens.items()], join)
+        fd = os.open(work / "join-token", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(join)
         return cls(tokens["admin"], tokens["viewer"], tokens["submitter"], tokens["scrape"], join,
                    auth, new_token(), new_token())
 
@@ -105,18 +114,29 @@ class Proc:
 
 
 class RedisServer:
-    """redis-server on a free port; AOF with fsync on every write, so a SIGKILL loses nothing."""
+    """redis-server on a free port with auth on (as everywhere): an aclfile in `work` with the
+    `default` user off and users `admin` (`url`: ops and tests) and `controller`
+    (`controller_url`); agent users the controller adds at join are saved to it and survive
+    a restart. AOF with fsync on every write, so a SIGKILL loses nothing."""
 
-    def __init__(self, work: Path):
-        self.work, self.port = work, free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+    def __init__(self, work: Path, secrets: TestSecrets | None = None, prefix: str = "mk:"):
+        self.work, self.port, self.prefix = work, free_port(), prefix
+        self.secrets = secrets or TestSecrets.create(work / "secrets")
+        self.anonymous_url = f"redis://127.0.0.1:{self.port}/0"
+        self.url = with_credentials(self.anonymous_url, "admin", self.secrets.redis_admin_password)
+        self.controller_url = with_credentials(self.anonymous_url, "controller",
+                                               self.secrets.redis_controller_password)
         self.proc: Proc | None = None
 
     def start(self) -> None:
         exe = shutil.which("redis-server") or "/usr/bin/redis-server"
+        users = self.work / "users.acl"
+        if not users.exists():  # a restart keeps the agent users saved since
+            users.write_text(acl_file(self.prefix, self.secrets.redis_admin_password,
+                                      self.secrets.redis_controller_password))
         self.proc = Proc("redis", [exe, "--port", str(self.port), "--bind", "127.0.0.1",
                                    "--dir", str(self.work), "--save", "", "--appendonly", "yes",
-                                   "--appendfsync", "always"], self.work)
+                                   "--appendfsync", "always", "--aclfile", str(users)], self.work)
         store = Store(self.url)
         try:
             wait_for_redis(store, 20)
@@ -125,6 +145,16 @@ class RedisServer:
 
     def kill(self) -> None:
         self.proc.kill(signal.SIGKILL)
+
+
+def agent_argv(controller_url: str, secrets: TestSecrets, wid: str, work: Path,
+               metrics_port: int = 0) -> list[str]:
+    """An agent's command line: it joins `controller_url` with the join token (read from a
+    0600 file, as deployed), runs under `work`/workers/`wid` and checkpoints to `work`/checkpoints."""
+    return [sys.executable, "-m", "worker", "--controller", controller_url,
+            "--join-token-file", str(secrets.join_token_file),
+            "--id", wid, "--address", "127.0.0.1", "--metrics-port", str(metrics_port),
+            "--run-dir", str(work / "workers" / wid), "--checkpoint-root", str(work / "checkpoints")]
 
 
 class Controller:
@@ -154,18 +184,18 @@ class Controller:
 class Stack:
     def __init__(self, work: Path):
         self.work = work
-        self.redis = RedisServer(work / "redis")
+        self.secrets = TestSecrets.create(work / "secrets")
+        self.redis = RedisServer(work / "redis", self.secrets)
         self.redis.work.mkdir(parents=True)
         self.redis.start()
         self.store = Store(self.redis.url)
-        self.secrets = TestSecrets.create(work / "secrets")
         self.controllers: list[Controller] = []
         self.controller = self.start_controller()
         self.agents = {f"w{i}": self._agent(f"w{i}") for i in range(WORKERS)}
         self.client = self.controller.client()
 
     def start_controller(self) -> Controller:
-        c = Controller(self.redis.url, self.work / "logs", f"controller-{len(self.controllers)}",
+        c = Controller(self.redis.controller_url, self.work / "logs", f"controller-{len(self.controllers)}",
                        self.secrets)
         self.controllers.append(c)
         return c
@@ -177,11 +207,10 @@ class Stack:
         self.client = c.client()
 
     def _agent(self, wid: str, redis_url: str | None = None) -> Proc:
-        """An agent process; `redis_url` reaches Redis another way (through a fault proxy)."""
-        return Proc(f"agent-{wid}", [sys.executable, "-m", "worker", "--redis-url", redis_url or self.redis.url,
-                                     "--id", wid, "--address", "127.0.0.1", "--metrics-port", "0",
-                                     "--run-dir", str(self.work / "workers" / wid),
-                                     "--checkpoint-root", str(self.work / "checkpoints")],
+        """An agent process, joined through the controller with the join token; `redis_url`
+        reaches Redis another way (through a fault proxy): only its address is used."""
+        via = ["--redis-address", urlsplit(redis_url).netloc.rpartition("@")[2]] if redis_url else []
+        return Proc(f"agent-{wid}", [*agent_argv(self.controller.url, self.secrets, wid, self.work), *via],
                     self.work / "logs")
 
     def restart_agent(self, wid: str, redis_url: str | None = None) -> Proc:

@@ -1,4 +1,11 @@
-"""`python -m worker --redis-url URL` (or `--controller URL`): one worker agent."""
+"""`python -m worker --controller URL --join-token-file F`: one worker agent.
+
+The agent joins through the controller with the join token (POST /v1/agents/join): the
+controller registers the worker and answers with a Redis URL carrying the agent's own ACL
+user, which may write only this worker's keys (docs/security.md). `--insecure-direct-redis
+URL` skips the join and registers straight into Redis, for a Redis without ACLs on a trusted
+machine only: whoever can write that Redis can then become a worker.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +15,17 @@ import os
 import secrets
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+import redis
 
-from services.store import Backoff, Store
+from services.store import WORKER_ID_RE, Backoff, Store, wait_for_redis
+from services.tokens import TokenError, read_token
 from worker.agent import Agent, AgentConfig, default_address
 from worker.metrics import AgentMetrics
 
@@ -39,10 +50,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     env = os.environ.get
     ap = argparse.ArgumentParser(prog="python -m worker", description="meshkeeper worker agent")
     src = ap.add_mutually_exclusive_group()
-    src.add_argument("--redis-url", default=env("REDIS_URL"))
     src.add_argument("--controller", default=env("MESHKEEPER_CONTROLLER"),
-                     help="controller URL; the agent asks it where Redis is")
-    ap.add_argument("--prefix", default=env("MESHKEEPER_PREFIX", "mk:"))
+                     help="controller URL; the agent joins there with the join token")
+    src.add_argument("--insecure-direct-redis", metavar="URL",
+                     help="register straight into Redis at URL, without joining (trusted "
+                          "machines only: anyone who can write that Redis can become a worker)")
+    ap.add_argument("--join-token-file", type=Path,
+                    help="file holding the join token (or env MESHKEEPER_JOIN_TOKEN, "
+                         "MESHKEEPER_JOIN_TOKEN_FILE; `meshkeeper up` writes secrets/join-token)")
+    ap.add_argument("--redis-address", metavar="HOST:PORT", default=env("MESHKEEPER_REDIS_ADDRESS"),
+                    help="reach Redis here instead of where the controller says (a tunnel or proxy)")
+    ap.add_argument("--ca-file", default=env("MESHKEEPER_CA_FILE"),
+                    help="CA certificate (PEM) that signed the controller's HTTPS certificate")
+    ap.add_argument("--prefix", default=env("MESHKEEPER_PREFIX", "mk:"),
+                    help="Redis key prefix (--insecure-direct-redis only; a join is told it)")
     ap.add_argument("--id", default=env("MESHKEEPER_WORKER_ID"),
                     help="worker id (default: hostname plus a random suffix)")
     ap.add_argument("--host-name", default=env("MESHKEEPER_HOST_NAME", socket.gethostname()),
@@ -69,27 +90,102 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "estimate, 1e11 per core; set it on GPU nodes, e.g. 9.89e14 for H100 bf16)")
     ap.add_argument("--log-level", default=env("MESHKEEPER_LOG_LEVEL", "info"))
     args = ap.parse_args(argv)
-    if not (args.redis_url or args.controller):
-        ap.error("give --redis-url URL or --controller URL (or set REDIS_URL)")
+    if not (args.insecure_direct_redis or args.controller):
+        ap.error("give --controller URL (env MESHKEEPER_CONTROLLER) and the join token "
+                 "(--join-token-file F, env MESHKEEPER_JOIN_TOKEN or MESHKEEPER_JOIN_TOKEN_FILE)")
+    if args.id and not WORKER_ID_RE.match(args.id):
+        ap.error(f"--id {args.id!r}: use letters, digits, '.', '_' and '-' (at most 64, first a "
+                 "letter or digit)")
+    if args.redis_address and not _host_port(args.redis_address):
+        ap.error(f"--redis-address {args.redis_address!r}: use HOST:PORT, like 10.0.0.5:6380")
     if args.devices < 1 or (args.warm is not None and args.warm < 0):
         ap.error("--devices must be >= 1 and --warm >= 0")
     return args
 
 
-def bootstrap(controller: str, stop: list[bool]) -> tuple[str, str]:
-    """Ask the controller for the Redis URL and prefix, retrying until it answers."""
-    backoff = Backoff(cap=5.0)
-    url = controller.rstrip("/") + "/v1/agent/bootstrap"
+def _host_port(text: str) -> bool:
+    host, sep, port = text.rpartition(":")
+    return bool(sep and host and port.isdigit())
+
+
+def join_token(args: argparse.Namespace) -> str:
+    try:
+        token = (args.join_token_file.read_text().strip() if args.join_token_file
+                 else read_token(var="MESHKEEPER_JOIN_TOKEN"))
+    except OSError as e:
+        raise SystemExit(f"agent: cannot read --join-token-file {args.join_token_file}: {e.strerror}")
+    except TokenError as e:
+        raise SystemExit(f"agent: {e}")
+    if not token:
+        raise SystemExit("agent: no join token: pass --join-token-file F or set MESHKEEPER_JOIN_TOKEN "
+                         "(or MESHKEEPER_JOIN_TOKEN_FILE); `meshkeeper up` writes {run-dir}/secrets/join-token")
+    return token
+
+
+def device_memory(devices: int) -> tuple[str, int]:
+    """("cuda", the smallest GPU's memory) on an NVIDIA host, else ("cpu", host RAM per device)."""
+    if os.path.isdir("/proc/driver/nvidia/gpus"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=10, check=True).stdout
+            return "cuda", min(int(x) for x in out.split()) << 20  # MiB
+        except (OSError, subprocess.SubprocessError, ValueError):
+            log.warning("cannot read GPU memory with nvidia-smi; reporting 0 bytes")
+            return "cuda", 0
+    return "cpu", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // devices
+
+
+def join(args: argparse.Namespace, cfg: AgentConfig, stop: list[bool]) -> tuple[str, str]:
+    """Join through the controller, retrying while it cannot answer; (redis_url, prefix).
+    A refused join token or description exits: retrying cannot fix configuration."""
+    token, (kind, memory) = join_token(args), device_memory(cfg.devices)
+    body = {"id": cfg.wid, "host": cfg.host, "address": cfg.address, "devices": cfg.devices,
+            "labels": cfg.labels, "memory_bytes": memory, "device_kind": kind, "pid": os.getpid(),
+            "run_dir": str(cfg.run_dir)}
+    url, backoff = args.controller.rstrip("/") + "/v1/agents/join", Backoff(cap=5.0)
     while not stop:
         try:
-            r = httpx.get(url, timeout=5.0)
-            r.raise_for_status()
-            body = r.json()
-            return body["redis_url"], body["prefix"]
-        except (httpx.HTTPError, ValueError, KeyError) as e:
-            log.warning("controller %s not answering (%s); retrying", controller, e)
+            r = httpx.post(url, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=10.0,
+                           verify=args.ca_file or True)
+        except httpx.HTTPError as e:
+            log.warning("controller %s not answering (%s); retrying", args.controller, e)
             time.sleep(backoff.next())
+            continue
+        if r.status_code in (401, 403, 422):
+            raise SystemExit(f"agent: the controller refused the join ({r.status_code}): {_detail(r)}")
+        if r.status_code != 200:
+            log.warning("join answered %d (%s); retrying", r.status_code, _detail(r))
+            time.sleep(backoff.next())
+            continue
+        answer = r.json()
+        log.info("joined %s as worker %s", args.controller, cfg.wid)
+        return _via(answer["redis_url"], args.redis_address), answer["prefix"]
     raise SystemExit(0)
+
+
+def _detail(r: httpx.Response) -> str:
+    try:
+        return str(r.json().get("detail", r.text[:200]))
+    except ValueError:
+        return r.text[:200]
+
+
+def _via(url: str, address: str | None) -> str:
+    """`url` with its host and port replaced by `address` (credentials kept)."""
+    if not address:
+        return url
+    u = urlsplit(url)
+    creds = u.netloc.rpartition("@")[0]
+    return urlunsplit((u.scheme, f"{creds}@{address}" if creds else address, u.path, u.query, u.fragment))
+
+
+def register_directly(store: Store, cfg: AgentConfig) -> None:
+    """--insecure-direct-redis: the agent writes its own registration, `joined_at` included."""
+    kind, memory = device_memory(cfg.devices)
+    store.register_worker(cfg.wid, {
+        "host": cfg.host, "address": cfg.address, "labels": {"host": cfg.host, **cfg.labels},
+        "devices": cfg.devices, "memory_bytes": memory, "device_kind": kind, "pid": os.getpid(),
+        "state": "idle", "run_dir": str(cfg.run_dir), "started_at": time.time(), "joined_at": store.now()})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,7 +202,6 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    redis_url, prefix = (args.redis_url, args.prefix) if args.redis_url else bootstrap(args.controller, stopping)
     wid = args.id or f"{args.host_name}-{secrets.token_hex(2)}"
     cfg = AgentConfig(wid=wid, host=args.host_name, address=args.address, labels=dict(args.label),
                       run_dir=args.run_dir.resolve(), devices=args.devices,
@@ -114,8 +209,20 @@ def main(argv: list[str] | None = None) -> int:
                       heartbeat_s=args.heartbeat, stop_grace_s=args.stop_grace,
                       checkpoint_root=args.checkpoint_root.resolve() if args.checkpoint_root else None,
                       data_roots=tuple(args.data_root))
+    if args.controller:
+        redis_url, prefix = join(args, cfg, stopping)
+        store = Store(redis_url, prefix)
+    else:
+        log.warning("--insecure-direct-redis: registering without a join; anyone who can write "
+                    "this Redis can become a worker (docs/security.md)")
+        store = Store(_via(args.insecure_direct_redis, args.redis_address), args.prefix)
+        try:
+            wait_for_redis(store, 60)
+            register_directly(store, cfg)
+        except redis.RedisError as e:
+            raise SystemExit(f"agent: cannot register in Redis at --insecure-direct-redis: {e}")
     metrics = AgentMetrics(args.peak_flops or None, cfg.devices)
-    agent.append(Agent(cfg, Store(redis_url, prefix), metrics))
+    agent.append(Agent(cfg, store, metrics))
     metrics.watch(agent[0])
     if args.metrics_port:
         metrics.serve(args.metrics_host, args.metrics_port)

@@ -152,12 +152,10 @@ class Agent:
         self._publish()
 
     def _register(self) -> None:
-        c = self.cfg
-        self.store.register_worker(c.wid, {
-            "host": c.host, "address": c.address, "labels": {"host": c.host, **c.labels},
-            "devices": c.devices, "pid": os.getpid(), "state": self.state,
-            "run_dir": str(c.run_dir), "started_at": time.time()})
-        self.store.heartbeat(c.wid, *self.serving())
+        # The registration itself was written at join (worker/__main__.py) by the controller,
+        # which alone marks a worker placeable; a reconnect only restates what may change.
+        self.store.set_worker(self.cfg.wid, {"pid": os.getpid(), "state": self.state})
+        self.store.heartbeat(self.cfg.wid, *self.serving())
 
     def _close_pubsub(self) -> None:
         if self._pubsub is not None:
@@ -307,7 +305,8 @@ class Agent:
                 if not self._may_commit(job, generation):
                     return  # held, progress too (it must not overtake the commit), until a beat confirms
                 dropped = self.store.commit_checkpoint(job, generation, int(body["step"]),
-                                                       str(body.get("path", "")), int(body.get("keep", 1)))
+                                                       str(body.get("path", "")), int(body.get("keep", 1)),
+                                                       wid=self.cfg.wid)
                 if dropped and self.run is not None and self.run.job == job and self.run.checkpoints:
                     remove_checkpoints(self.run.checkpoints, [Pointer.from_json(p) for p in dropped])
             else:

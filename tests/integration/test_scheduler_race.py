@@ -15,6 +15,7 @@ from controller.scheduler import Scheduler, SchedulerConfig
 from services.assignment import Assignment
 from services.spec import parse_spec
 from services.store import Store
+from services.tokens import new_token
 
 
 @pytest.fixture
@@ -25,9 +26,9 @@ def store(redis_server):
 
 
 def agent_up(store: Store, wid: str, state: str = "idle") -> None:
-    """What an agent's `_register` writes, plus a fresh heartbeat."""
-    store.register_worker(wid, {"host": "h1", "address": "127.0.0.1", "labels": {"host": "h1"},
-                                "devices": 1, "state": state})
+    """What the controller writes when an agent joins, plus a fresh heartbeat."""
+    store.join_worker(wid, {"host": "h1", "address": "127.0.0.1", "labels": {"host": "h1"},
+                            "devices": 1, "state": state}, new_token())
     store.heartbeat(wid)
 
 

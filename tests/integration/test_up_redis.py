@@ -1,6 +1,8 @@
 """The redis-server `meshkeeper up` runs (services/stack.py): AOF with fsync every second in its
 run dir, read back from the running server itself, and restarted by `up` from that AOF with
-every key intact after a SIGKILL. A real redis-server; no controller or agents (fast)."""
+every key intact after a SIGKILL; auth always on, with its secrets in `{run-dir}/secrets/`
+(0700, files 0600) and agent users that survive the restart. A real redis-server; no
+controller or agents (fast)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ import signal
 from pathlib import Path
 
 import pytest
+import redis
 
 from services.stack import LocalStack, StackConfig, StackError, redis_argv
-from services.store import Store
+from services.store import Store, agent_user, with_credentials
+from services.tokens import new_token, read_auth_file
 from tests.stack import wait_until
 
 
@@ -65,3 +69,46 @@ def test_up_gives_up_on_a_redis_that_keeps_dying(local, monkeypatch):
     local.procs["redis"].wait()
     with pytest.raises(StackError, match="exited 2 times"):
         local.check()
+
+
+def test_up_generates_its_secrets_private_and_consistent(local):
+    d = local.cfg.run_dir / "secrets"
+    assert d.stat().st_mode & 0o777 == 0o700
+    files = {p.name: p for p in d.iterdir()}
+    assert set(files) == {"api-token", "viewer-token", "scrape-token", "join-token", "redis-admin-password",
+                          "redis-controller-password", "auth.json"}
+    assert {n: p.stat().st_mode & 0o777 for n, p in files.items()} == dict.fromkeys(files, 0o600)
+    assert files["api-token"].read_text().strip() == local.secrets.admin_token
+    auth = read_auth_file(files["auth.json"])  # hashes only: no plaintext token in it
+    assert {(t.name, t.role) for t in auth.tokens} == {("admin", "admin"), ("viewer", "viewer"),
+                                                        ("prometheus", "scrape")}
+    assert auth.join_sha256 and local.secrets.join_token not in files["auth.json"].read_text()
+
+
+def test_up_redis_requires_auth_and_keeps_agent_users_across_a_restart(local):
+    local._start_redis(20)
+    port = int(local.redis_argv[2])
+    anonymous = redis.Redis(port=port, socket_timeout=2)
+    with pytest.raises(redis.AuthenticationError):
+        anonymous.get("mk:jobs:seq")
+    with pytest.raises(redis.AuthenticationError):  # the default user is off, even with a password
+        redis.Redis(port=port, password=local.secrets.redis_admin_password, socket_timeout=2).ping()
+    ctl = Store(local.controller_redis_url)
+    password = new_token()
+    ctl.join_worker("w0", {"host": "h", "address": "127.0.0.1", "devices": 1, "state": "idle"}, password)
+    ctl.close()
+    agent_url = with_credentials(f"redis://127.0.0.1:{port}/0", agent_user("w0"), password)
+    old = local.procs["redis"].pid
+    os.kill(old, signal.SIGKILL)
+    wait_until(lambda: local.procs["redis"].poll() is not None, 10, "redis-server to die")
+    local.check()
+    assert local.procs["redis"].pid != old
+    agent = Store(agent_url)
+    try:
+        assert agent.heartbeat("w0").time > 0  # its user came back from the aclfile
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            agent.r.hset("mk:worker:w1", "address", "10.0.0.66")
+    finally:
+        agent.close()
+    with pytest.raises(redis.AuthenticationError):
+        anonymous.ping()

@@ -1,0 +1,159 @@
+"""Agents and Redis (docs/security.md): Redis refuses unauthenticated clients; agents become
+workers only by joining with the join token; each agent's Redis user writes only its own keys;
+a worker forged straight into Redis never gets a rank.
+
+A real redis-server with an aclfile, a real controller process and real agent processes (no
+warm trainers: nothing here trains), over real HTTP.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from services.store import Store, agent_user
+from tests.stack import ApiStack, Proc, agent_argv, tiny_spec, wait_until
+
+BODY = {"host": "h1", "address": "127.0.0.1", "devices": 1, "memory_bytes": 1 << 30,
+        "device_kind": "cpu", "pid": 4242}
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    s = ApiStack(tmp_path_factory.mktemp("agents-redis"))
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def admin(api):
+    s = Store(api.redis.url)
+    yield s
+    s.close()
+
+
+def raw(url: str) -> redis.Redis:
+    """A client that fails at once (no reconnect retries): refusals are what is tested."""
+    return redis.Redis.from_url(url, decode_responses=True, socket_timeout=3, retry=Retry(NoBackoff(), 0))
+
+
+def join(api: ApiStack, wid: str, token: str | None) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.post(api.url + "/v1/agents/join", json={"id": wid, **BODY}, headers=headers, timeout=10)
+
+
+def agent(api: ApiStack, wid: str, work) -> Proc:
+    return Proc(f"agent-{wid}", [*agent_argv(api.url, api.secrets, wid, work), "--warm", "0"], work / "logs")
+
+
+def test_redis_refuses_an_unauthenticated_connection(api):
+    for url in (api.redis.anonymous_url,  # the default user is off
+                api.redis.anonymous_url.replace("redis://", "redis://admin:wrong@"),
+                api.redis.anonymous_url.replace("redis://", f"redis://default:{api.secrets.redis_admin_password}@")):
+        with pytest.raises(redis.AuthenticationError):
+            raw(url).set("mk:worker:evil", "x")
+    assert raw(api.redis.url).ping()  # the admin user, as a control
+
+
+@pytest.mark.parametrize("token", [None, "not-the-join-token", "admin"])
+def test_a_join_without_the_join_token_is_refused_and_writes_nothing(api, admin, token):
+    token = api.secrets.admin_token if token == "admin" else token  # an API token is no join token
+    r = join(api, "intruder", token)
+    assert r.status_code == 401, r.text
+    assert r.headers["www-authenticate"].startswith("Bearer")
+    assert "join token" in r.json()["detail"] and "redis" not in r.text.lower()
+    assert admin.r.exists(admin.keys.worker("intruder")) == 0
+    assert agent_user("intruder") not in admin.r.execute_command("ACL", "USERS")
+
+
+def test_an_agent_process_without_the_join_token_exits_and_is_not_listed(api, tmp_path):
+    bad = tmp_path / "join-token"
+    bad.write_text("guessed")
+    p = Proc("agent-guess", [*agent_argv(api.url, api.secrets, "guess", tmp_path)[:-12],
+                             "--join-token-file", str(bad), "--id", "guess", "--warm", "0", "--metrics-port", "0",
+                             "--run-dir", str(tmp_path / "w")], tmp_path)
+    assert p.p.wait(30) != 0
+    assert "refused the join (401)" in p.tail()
+    with api.controller.client() as c:
+        assert "guess" not in {w.id for w in c.workers()}
+
+
+def test_a_join_registers_the_worker_and_gives_it_its_own_redis_user(api, admin):
+    r = join(api, "wa", api.secrets.join_token)
+    assert r.status_code == 200, r.text
+    url = r.json()["redis_url"]
+    assert url.startswith(f"redis://{agent_user('wa')}:") and r.json()["prefix"] == "mk:"
+    reg = admin.workers(["wa"])["wa"]
+    assert reg["address"] == "127.0.0.1" and reg["device_kind"] == "cpu" and float(reg["joined_at"]) > 0
+    me = Store(url)
+    try:
+        me.heartbeat("wa")  # its own keys, through the heartbeat script
+        me.set_worker("wa", {"state": "idle"})
+        me.write_progress("wa", {"state": "idle"})
+        assert me.worker_assignment("wa") == {}
+        denied = [
+            lambda: me.r.hset(admin.keys.worker("wb"), "address", "10.6.6.6"),  # another worker
+            lambda: me.r.hset(admin.keys.worker("wa-forged"), "joined_at", "1"),  # a name sharing its prefix
+            lambda: me.r.hset(admin.keys.worker_assignment("wa"), "job", "j"),  # its pointer is the controller's
+            lambda: me.r.hset(admin.keys.job("j"), "generation", "9"),
+            lambda: me.r.set("mk:controller:lease", "me:1"),
+            lambda: me.r.execute_command("ACL", "SETUSER", "agent-wa", "~*"),
+            lambda: me.r.flushall(),
+            lambda: me.heartbeat("wb"),  # the script writes worker:wb: refused inside it
+            lambda: me.commit_checkpoint("j", 1, 10, "/ck", wid="wb"),  # reads another worker's pointer
+        ]
+        for i, attempt in enumerate(denied):
+            with pytest.raises(redis.ResponseError, match="(?i)permission|can't access|NOPERM"):
+                attempt()
+                pytest.fail(f"attempt {i} was allowed")
+    finally:
+        me.close()
+    # a re-join rotates the password: the old URL no longer authenticates
+    assert join(api, "wa", api.secrets.join_token).status_code == 200
+    with pytest.raises(redis.AuthenticationError):
+        raw(url).ping()
+
+
+def test_a_forged_worker_is_never_given_a_rank(api, admin, tmp_path):
+    """A real agent w1 joins; a dp=2 job needs a second worker. A forger holding the Redis
+    credentials of another joined worker (wz), and one with none, try to add a worker
+    'forged' (whose address would become the job's rendezvous if it got rank 0): their writes
+    are refused, and what an agent user may do, beat for any name in `workers:seen`, plus a
+    registration that no join wrote (as agents used to write them straight into Redis), gives
+    'forged' no rank. The job waits until a second real agent joins and then runs on w1, w2."""
+    client = api.controller.client()
+    procs: list[Proc] = []
+    try:
+        # submitted while no worker is alive: admission then has no pool to judge the job by
+        wait_until(lambda: not any(w.alive for w in client.workers()), 30, "no live worker")
+        jid = client.submit(tiny_spec("forged-target")).id  # dp 2: two ranks
+        procs.append(agent(api, "w1", tmp_path))
+        wait_until(lambda: any(w.id == "w1" and w.alive for w in client.workers()), 60, "w1 to join")
+        r = join(api, "wz", api.secrets.join_token)
+        as_wz = raw(r.json()["redis_url"])
+        forged = {"host": "h9", "address": "10.6.6.6", "devices": 1, "state": "idle", "joined_at": "1"}
+        with pytest.raises(redis.ResponseError, match="NOPERM|permission"):
+            as_wz.hset(admin.keys.worker("forged"), mapping=forged)
+        with pytest.raises(redis.AuthenticationError):
+            raw(api.redis.anonymous_url).hset(admin.keys.worker("forged"), mapping=forged)
+        del forged["joined_at"]
+        admin.r.hset(admin.keys.worker("forged"), mapping=forged)  # a registration no join wrote
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:  # many scheduler passes while 'forged' beats
+            as_wz.zadd(admin.keys.workers_seen(), {"forged": admin.now()})
+            assert client.job(jid).phase == "Pending", client.job(jid).mesh
+            time.sleep(0.25)
+        assert admin.r.hgetall(admin.keys.worker_assignment("forged")) == {}
+        procs.append(agent(api, "w2", tmp_path))
+        j = wait_until(lambda: (j := client.job(jid)).mesh and j.mesh.ranks and j, 90, "the job to be placed")
+        assert {r.worker for r in j.mesh.ranks} == {"w1", "w2"}, j.mesh.ranks
+        client.cancel(jid)
+    finally:
+        client.close()
+        for p in procs:
+            p.stop(10)
