@@ -1,7 +1,8 @@
 """Shared helpers for the deployment checks, and the generator of deploy/k8s/base.
 
 deploy/k8s/base is the Helm chart rendered with its default values (Helm-only labels
-dropped), so plain-manifest users get exactly what the chart installs. Regenerate with
+dropped; the auth Secret left to the user, see BASE_VALUES), so plain-manifest users get
+exactly what the chart installs. Regenerate with
 `python tests/deploy/deploytools.py --write`; test_k8s.py fails while it is stale.
 """
 
@@ -104,6 +105,9 @@ def ci_values() -> dict[str, dict | None]:
 # --- deploy/k8s/base ---------------------------------------------------------------
 
 HELM_ONLY_LABELS = ("helm.sh/chart",)
+# Plain manifests carry no secrets: the base names the Secret the chart would generate for
+# release "meshkeeper", and docs/deploy.md shows the one command that creates it.
+BASE_VALUES = {"auth": {"existingSecret": "meshkeeper-auth"}}
 # Rendered for "default" and no namespace in the base kustomization: kustomize rewrites
 # RoleBinding subjects only from "default", so an overlay's `namespace:` then fixes them.
 BASE_NAMESPACE = "default"
@@ -127,7 +131,7 @@ def _plain(obj: dict) -> dict:
 def k8s_base() -> dict[str, str]:
     """File name -> content of deploy/k8s/base, the kustomization included."""
     files: dict[str, str] = {}
-    for template, text in sorted(render(name="meshkeeper", namespace=BASE_NAMESPACE).items()):
+    for template, text in sorted(render(BASE_VALUES, name="meshkeeper", namespace=BASE_NAMESPACE).items()):
         objs = [_plain(d) for d in docs(text)]
         files[Path(template).name] = HEADER + yaml.safe_dump_all(objs, sort_keys=False)
     with helm().Chart.load(str(CHART)) as c:

@@ -4,7 +4,10 @@ DESIGN.md section 9 and issue 7 read off the rendered objects."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import time
 
 import jsonschema
 import pytest
@@ -86,10 +89,12 @@ def test_workers_have_a_startup_probe_and_never_a_liveness_probe(case):
     c = container(one(objects(CASES[case]), "Deployment", "-worker"))
     assert "livenessProbe" not in c, "a liveness probe would kill a training pod stuck in a collective"
     assert c["startupProbe"]["httpGet"]["port"] == "metrics"
-    env = {e["name"]: e.get("value") for e in c["env"]}
-    # the agent binds 127.0.0.1 by default: the kubelet and Prometheus could not reach it
-    assert env["MESHKEEPER_METRICS_HOST"] == "0.0.0.0"
-    assert env["MESHKEEPER_ADDRESS"] == "$(MESHKEEPER_POD_IP)"
+    env = {e["name"]: e for e in c["env"]}
+    # the agent binds 127.0.0.1 by default (the kubelet and Prometheus could not reach it);
+    # the pod IP, not every interface
+    assert env["MESHKEEPER_METRICS_HOST"]["value"] == "$(MESHKEEPER_POD_IP)"
+    assert env["MESHKEEPER_ADDRESS"]["value"] == "$(MESHKEEPER_POD_IP)"
+    assert env["MESHKEEPER_POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
 
 
 def test_gpu_values_reach_the_worker_pod():
@@ -110,9 +115,16 @@ def test_rbac_is_namespaced_and_minimal():
     assert set(rules) == {"mk-meshkeeper-controller", "mk-meshkeeper-operator"}
     for rule in sum(rules.values(), []):
         assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
-    pods = [r for r in rules["mk-meshkeeper-controller"] if "pods" in r["resources"]]
-    assert pods == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "delete"]}]
-    assert not [r for r in rules["mk-meshkeeper-operator"] if "pods" in r["resources"]]
+    # exactly the calls of controller/k8s.py: read_namespaced_pod, delete_namespaced_pod,
+    # create_namespaced_event, list_namespaced_custom_object(trainingjobs)
+    grants = {(g, res, v) for r in rules["mk-meshkeeper-controller"]
+              for g in r["apiGroups"] for res in r["resources"] for v in r["verbs"]}
+    assert grants == {("", "pods", "get"), ("", "pods", "delete"), ("", "events", "create"),
+                      ("meshkeeper.io", "trainingjobs", "list")}
+    assert not [r for r in rules["mk-meshkeeper-operator"] if "pods" in r["resources"] or "secrets" in r["resources"]]
+    # RBAC cannot select pods by label: the controller is told its pool and checks it itself
+    env = {e["name"]: e.get("value") for e in container(one(objs, "Deployment", "-controller"))["env"]}
+    assert env["MESHKEEPER_K8S_WORKER_SELECTOR"] == "app.kubernetes.io/instance=mk,app.kubernetes.io/component=worker"
     worker_pod = one(objs, "Deployment", "-worker")["spec"]["template"]["spec"]
     assert worker_pod["automountServiceAccountToken"] is False
     none = objects(CASES["external-redis-values.yaml"])
@@ -125,7 +137,7 @@ def test_external_redis_url_lives_in_a_secret():
     secret = one(objs, "Secret", "-redis-url")
     assert secret["stringData"]["redis-url"].startswith("rediss://")
     env = {e["name"]: e for e in container(one(objs, "Deployment", "-controller"))["env"]}
-    assert "secretKeyRef" in env["MESHKEEPER_REDIS_URL"]["valueFrom"]
+    assert env["REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": secret["metadata"]["name"], "key": "redis-url"}
     assert "s3cret" not in json.dumps([o for o in objs if o["kind"] != "Secret"])
 
 
@@ -222,7 +234,7 @@ def test_every_container_command_line_parses_in_the_real_cli(case, monkeypatch):
     from controller.operator import parse_args as operator_args
     from worker.__main__ import parse_args as worker_args
 
-    sample = {"MESHKEEPER_REDIS_URL": "redis://r:6379/0", "MESHKEEPER_POD_NAME": "p-1",
+    sample = {"MESHKEEPER_REDIS_PASSWORD": "pw", "MESHKEEPER_POD_NAME": "p-1",
               "MESHKEEPER_NODE_NAME": "n-1", "MESHKEEPER_NAMESPACE": "ml", "MESHKEEPER_POD_IP": "10.0.0.9"}
     parsers = {"controller": controller_args, "operator": operator_args, "worker": worker_args}
     seen = set()
@@ -230,7 +242,8 @@ def test_every_container_command_line_parses_in_the_real_cli(case, monkeypatch):
         if o["kind"] != "Deployment":
             continue
         c = container(o)
-        env = {e["name"]: _expand(e["value"], sample) for e in c.get("env", []) if "value" in e}
+        env = {e["name"]: _expand(e["value"], sample) if "value" in e else f"secret-{e['name'].lower()}"
+               for e in c.get("env", []) if "value" in e or "secretKeyRef" in e["valueFrom"]}
         for k, v in env.items():
             monkeypatch.setenv(k, v)  # the programs read some settings from the environment
         args = [_expand(a, {**sample, **env}) for a in c.get("args", [])]
@@ -239,3 +252,248 @@ def test_every_container_command_line_parses_in_the_real_cli(case, monkeypatch):
         seen.add(c["name"])
     assert {"controller", "worker"} <= seen
 
+
+
+# --- secure by default (issue 11) -------------------------------------------------------
+
+AUTH_KEYS = {"api-token", "scrape-token", "join-token", "redis-admin-password", "redis-controller-password"}
+
+
+def secret_refs(c: dict) -> dict[str, tuple[str, str]]:
+    """Env name -> (Secret, key) for the container's secretKeyRef variables."""
+    return {e["name"]: (e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
+            for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})}
+
+
+def test_the_auth_secret_is_generated_when_values_give_none():
+    import base64
+
+    def data(objs):
+        return {k: base64.b64decode(v).decode() for k, v in one(objs, "Secret", "-auth")["data"].items()}
+
+    first, second = data(objects()), data(objects())
+    assert set(first) == AUTH_KEYS
+    assert all(len(v) >= 32 and v.isalnum() for v in first.values()), first
+    assert len(set(first.values())) == len(first), "two secrets share a value"
+    assert not set(first.values()) & set(second.values()), "helm template must not render fixed secrets"
+
+
+def test_given_auth_values_are_used_and_an_existing_secret_replaces_the_chart_s():
+    import base64
+
+    given = {"apiToken": "a" * 40, "scrapeToken": "s" * 40, "joinToken": "j" * 40,
+             "redisAdminPassword": "ra-" + "x" * 30, "redisControllerPassword": "rc-" + "y" * 30}
+    secret = one(objects({"auth": given}), "Secret", "-auth")
+    assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == {
+        "api-token": "a" * 40, "scrape-token": "s" * 40, "join-token": "j" * 40,
+        "redis-admin-password": "ra-" + "x" * 30, "redis-controller-password": "rc-" + "y" * 30}
+    objs = objects(CASES["ha-monitoring-values.yaml"])
+    assert not [o for o in objs if o["kind"] == "Secret"]
+    refs = [r for o in objs if o["kind"] in ("Deployment", "StatefulSet")
+            for c in o["spec"]["template"]["spec"]["containers"] for r in secret_refs(c).values()]
+    assert refs and {name for name, _ in refs} == {"meshkeeper-secrets"}
+    assert {key for _, key in refs} == AUTH_KEYS
+    # a password inside a redis:// URL must not need escaping
+    helm = dt.helm()
+    with helm.Chart.load(str(dt.CHART)) as chart, pytest.raises(helm.HelmValuesError, match="redisControllerPassword"):
+        chart.validate_schema({"auth": {"redisControllerPassword": "p@ss/word"}})
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_workers_never_receive_a_redis_password(case):
+    objs = objects(CASES[case])
+    c = container(one(objs, "Deployment", "-worker"))
+    assert {key for _, key in secret_refs(c).values()} == {"join-token"}
+    assert not [a for a in c["args"] if a.startswith("--redis-url")]
+    assert "--controller=http://mk-meshkeeper-controller:8080" in c["args"]
+    assert not [e for e in c["env"] if "REDIS" in e["name"]]
+    ctl = secret_refs(container(one(objs, "Deployment", "-controller")))
+    assert {k: v[1] for k, v in ctl.items() if k.startswith("MESHKEEPER_") and k.endswith("_TOKEN")} == {
+        "MESHKEEPER_API_TOKEN": "api-token", "MESHKEEPER_SCRAPE_TOKEN": "scrape-token",
+        "MESHKEEPER_JOIN_TOKEN": "join-token"}
+    if any(o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-operator") for o in objs):
+        op = secret_refs(container(one(objs, "Deployment", "-operator")))
+        assert {key for _, key in op.values()} == {"api-token"}
+
+
+def test_pods_roll_when_the_generated_secret_changes():
+    objs = objects({"auth": {"apiToken": "t" * 40}})
+    sums = {o["metadata"]["name"]: o["spec"]["template"]["metadata"]["annotations"]["checksum/auth"]
+            for o in objs if o["kind"] in ("Deployment", "StatefulSet")}
+    assert len(sums) == 4 and len(set(sums.values())) == 1, sums
+    other = objects({"auth": {"apiToken": "u" * 40}})
+    assert one(other, "Deployment", "-controller")["spec"]["template"]["metadata"]["annotations"]["checksum/auth"] \
+        != sums["mk-meshkeeper-controller"]
+
+
+def _redis_acl_script(objs) -> tuple[str, dict[str, str], list[str]]:
+    sts = one(objs, "StatefulSet", "-redis")
+    [init] = sts["spec"]["template"]["spec"]["initContainers"]
+    env = {e["name"]: e.get("value") for e in init["env"]}
+    return init["command"][-1], env, container(sts)["args"]
+
+
+def test_the_controller_redis_user_matches_the_store():
+    from services.store import controller_acl
+
+    _, env, _ = _redis_acl_script(objects({"keyPrefix": "team1:"}))
+    assert env["CONTROLLER_ACL"].split() == controller_acl("team1:")
+
+
+def test_redis_starts_with_auth_required_and_keeps_joined_agents(tmp_path):
+    """The init container's script and Redis's args, run for real: a fresh aclfile, then one
+    that the controller had extended with an agent (ACL SAVE) and a rotated password."""
+    import redis as redislib
+
+    from services.procs import free_port
+
+    redis_server = shutil.which("redis-server")
+    if not redis_server:
+        raise dt.MissingTool("redis-server not found; install it: apt-get install redis-server")
+    script, env, args = _redis_acl_script(objects())
+    data = tmp_path / "data"
+    data.mkdir()
+    script = script.replace("/data/", f"{data}/")
+    args = [a.replace("/data", str(data)) for a in args]
+
+    def start(admin: str, controller: str):
+        out = subprocess.run(["sh", "-ec", script], capture_output=True, text=True, timeout=30,
+                             env={**os.environ, **env, "ADMIN_PASSWORD": admin, "CONTROLLER_PASSWORD": controller})
+        assert out.returncode == 0, out.stderr
+        port = free_port()
+        proc = subprocess.Popen([redis_server, "--port", str(port), "--bind", "127.0.0.1", *args],
+                                stdout=subprocess.DEVNULL, cwd=data)
+        r = redislib.Redis(port=port, username="admin", password=admin, decode_responses=True)
+        for _ in range(100):
+            try:
+                r.ping()
+                break
+            except redislib.ConnectionError:
+                time.sleep(0.05)
+        return proc, port, r
+
+    proc, port, admin = start("admin-pw-1", "ctl-pw-1")
+    try:
+        with pytest.raises(redislib.AuthenticationError):
+            redislib.Redis(port=port).ping()  # the default user is off
+        ctl = redislib.Redis(port=port, username="controller", password="ctl-pw-1")
+        ctl.set("mk:x", 1)
+        with pytest.raises(redislib.exceptions.NoPermissionError):
+            ctl.set("other:x", 1)
+        with pytest.raises(redislib.exceptions.NoPermissionError):
+            ctl.flushall()
+        ctl.execute_command("ACL", "SETUSER", "agent-w1", "on", ">agent-pw", "~mk:worker:w1*", "+ping")
+        ctl.execute_command("ACL", "SAVE")
+        probe = subprocess.run(["sh", "-c", "redis-cli -p %d --user admin ping | grep -q PONG" % port],
+                               env={**os.environ, "REDISCLI_AUTH": "admin-pw-1"})
+        assert probe.returncode == 0
+        wrong = subprocess.run(["sh", "-c", "redis-cli -p %d --user admin ping | grep -q PONG" % port],
+                               env={**os.environ, "REDISCLI_AUTH": "nope"})
+        assert wrong.returncode != 0, "the probe must fail without the right password"
+    finally:
+        admin.shutdown(nosave=True)
+        proc.wait(10)
+    proc, port, admin = start("admin-pw-2", "ctl-pw-2")  # rotated in the Secret
+    try:
+        redislib.Redis(port=port, username="agent-w1", password="agent-pw").ping()
+        with pytest.raises(redislib.AuthenticationError):
+            redislib.Redis(port=port, username="controller", password="ctl-pw-1").ping()
+        redislib.Redis(port=port, username="controller", password="ctl-pw-2").ping()
+    finally:
+        admin.shutdown(nosave=True)
+        proc.wait(10)
+
+
+def test_service_monitor_sends_the_scrape_token_to_the_controller_only():
+    objs = objects(CASES["ha-monitoring-values.yaml"])
+    ctl = one(objs, "ServiceMonitor", "-controller")["spec"]["endpoints"][0]
+    assert ctl["authorization"] == {"type": "Bearer", "credentials": {"name": "meshkeeper-secrets", "key": "scrape-token"}}
+    assert "authorization" not in one(objs, "ServiceMonitor", "-worker")["spec"]["endpoints"][0]
+
+
+# --- network policies: who may reach whom, read off the rendered policies ----------------
+
+def _selects(selector: dict | None, labels: dict) -> bool:
+    return (selector or {}).get("matchLabels", {}).items() <= labels.items()
+
+
+def _peer_matches(peer: dict, pod: dict) -> bool:
+    """A NetworkPolicyPeer against a pod {labels, ns, ns_labels}; an ipBlock stands for no pod."""
+    if "ipBlock" in peer:
+        return False
+    if "namespaceSelector" in peer:
+        ns_ok = _selects(peer["namespaceSelector"], pod["ns_labels"])
+    else:
+        ns_ok = pod["ns"] == "ml"
+    return ns_ok and _selects(peer.get("podSelector"), pod["labels"])
+
+
+def _rule_admits(rule: dict, side: str, other: dict, port: int) -> bool:
+    peers = rule.get(side)
+    ports = rule.get("ports")
+    return ((not peers or any(_peer_matches(p, other) for p in peers))
+            and (not ports or any(p["port"] == port for p in ports)))
+
+
+def reachable(policies: list[dict], src: dict, dst: dict, port: int) -> bool:
+    """Kubernetes' semantics: a pod selected by no policy of a direction allows it all;
+    otherwise some rule of some selecting policy must allow it; both ends must agree."""
+    def side(pod, direction, other, key):
+        selecting = [p for p in policies if direction in p["spec"]["policyTypes"]
+                     and pod["ns"] == "ml" and _selects(p["spec"]["podSelector"], pod["labels"])]
+        rules = [r for p in selecting for r in p["spec"].get(direction.lower(), [])]
+        return not selecting or any(_rule_admits(r, key, other, port) for r in rules)
+    return side(src, "Egress", dst, "to") and side(dst, "Ingress", src, "from")
+
+
+def _pod(component=None, ns="ml", **labels):
+    if component:
+        labels.update({"app.kubernetes.io/name": "meshkeeper", "app.kubernetes.io/instance": "mk",
+                       "app.kubernetes.io/component": component})
+    return {"labels": labels, "ns": ns, "ns_labels": {"kubernetes.io/metadata.name": ns}}
+
+
+def test_network_policies_by_default_allow_only_what_each_part_needs():
+    objs = objects()
+    policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    assert {p["metadata"]["name"] for p in policies} == {
+        f"mk-meshkeeper-{c}" for c in ("controller", "worker", "redis", "operator")}
+    # each policy selects exactly its workload's pods
+    for kind, name in [("Deployment", "controller"), ("Deployment", "worker"), ("StatefulSet", "redis"),
+                       ("Deployment", "operator")]:
+        pod_labels = one(objs, kind, f"-{name}")["spec"]["template"]["metadata"]["labels"]
+        sel = one(policies, "NetworkPolicy", f"-{name}")["spec"]["podSelector"]
+        assert _selects(sel, pod_labels)
+        assert sel["matchLabels"]["app.kubernetes.io/component"] == name
+    ctl, worker, redis, operator = (_pod(c) for c in ("controller", "worker", "redis", "operator"))
+    prometheus = _pod(ns="monitoring", **{"app.kubernetes.io/name": "prometheus"})
+    stranger = _pod(app="something-else")  # any other pod, even in the release's namespace
+    other_release = _pod(**{**_pod("worker")["labels"], "app.kubernetes.io/instance": "other"})
+    dns = _pod(ns="kube-system", **{"k8s-app": "kube-dns"})
+    allowed = [
+        (worker, ctl, 8080), (operator, ctl, 8080), (prometheus, ctl, 8080),
+        (ctl, redis, 6379), (worker, redis, 6379),
+        (worker, worker, 29500), (worker, worker, 40123), (prometheus, worker, 9400),
+        (ctl, dns, 53), (worker, dns, 53), (operator, dns, 53),
+    ]
+    denied = [
+        (stranger, ctl, 8080), (stranger, redis, 6379), (stranger, worker, 9400), (stranger, worker, 29500),
+        (other_release, redis, 6379), (other_release, worker, 29500), (operator, redis, 6379),
+        (prometheus, redis, 6379), (prometheus, worker, 29500), (ctl, worker, 29500), (ctl, ctl, 6379),
+        (worker, stranger, 443), (redis, stranger, 80), (worker, ctl, 9999), (stranger, operator, 8081),
+    ]
+    for src, dst, port in allowed:
+        assert reachable(policies, src, dst, port), (src["labels"], dst["labels"], port)
+    for src, dst, port in denied:
+        assert not reachable(policies, src, dst, port), (src["labels"], dst["labels"], port)
+
+
+def test_network_policy_sources_are_configurable_and_can_be_turned_off():
+    client = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ci"}}}
+    objs = objects({"networkPolicy": {"apiClients": [client]}})
+    policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    assert reachable(policies, _pod(ns="ci", app="runner"), _pod("controller"), 8080)
+    assert not reachable(policies, _pod(ns="ci", app="runner"), _pod("redis"), 6379)
+    ingress_only = [o for o in objects(CASES["ha-monitoring-values.yaml"]) if o["kind"] == "NetworkPolicy"]
+    assert ingress_only and all(p["spec"]["policyTypes"] == ["Ingress"] for p in ingress_only)
+    assert not [o for o in objects({"networkPolicy": {"enabled": False}}) if o["kind"] == "NetworkPolicy"]

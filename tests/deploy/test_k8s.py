@@ -55,3 +55,21 @@ def test_the_validator_reports_typos_and_unknown_kinds(tmp_path):
                    "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: y}\n")
     problems = dt.kubernetes_validate([bad])
     assert any("portz" in p for p in problems) and any("Widget" in p for p in problems), problems
+
+
+def test_the_base_carries_no_secret_and_names_the_one_to_create():
+    """Plain manifests in git hold no credentials: every pod reads the Secret
+    meshkeeper-auth that docs/deploy.md says how to create."""
+    objs = [d for p in sorted((dt.K8S / "base").glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
+    assert not [o for o in objs if o["kind"] == "Secret"]
+    refs = {(e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
+            for o in objs if o["kind"] in ("Deployment", "StatefulSet")
+            for c in o["spec"]["template"]["spec"].get("initContainers", []) + o["spec"]["template"]["spec"]["containers"]
+            for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})}
+    assert {name for name, _ in refs} == {dt.BASE_VALUES["auth"]["existingSecret"]}
+    assert {key for _, key in refs} == {"api-token", "scrape-token", "join-token",
+                                        "redis-admin-password", "redis-controller-password"}
+    docs = (dt.REPO / "docs" / "deploy.md").read_text()
+    assert f"create secret generic {dt.BASE_VALUES['auth']['existingSecret']}" in docs
+    policies = {o["metadata"]["name"] for o in objs if o["kind"] == "NetworkPolicy"}
+    assert policies == {f"meshkeeper-{c}" for c in ("controller", "worker", "redis", "operator")}

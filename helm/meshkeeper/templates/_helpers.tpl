@@ -58,14 +58,18 @@ app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
 {{- end }}
 
 {{/*
-MESHKEEPER_REDIS_URL for any container: a plain value for the in-chart Redis, a Secret
-reference otherwise (an external URL may carry a password). Args use $(MESHKEEPER_REDIS_URL).
+The controller's Redis URL, as REDIS_URL (what `python -m controller` reads): the in-chart
+Redis with the `controller` ACL user, its password from the auth Secret (Kubernetes expands
+$(VAR) from a variable defined before it); an external URL from its Secret. Only the
+controller gets one: agents join through the controller and receive their own Redis user.
 */}}
 {{- define "meshkeeper.redisEnv" -}}
-- name: MESHKEEPER_REDIS_URL
 {{- if .Values.redis.enabled }}
-  value: {{ printf "redis://%s-redis:6379/0" (include "meshkeeper.fullname" .) | quote }}
+{{- include "meshkeeper.authEnv" (dict "ctx" . "name" "MESHKEEPER_REDIS_PASSWORD" "key" "redis-controller-password") }}
+- name: REDIS_URL
+  value: {{ printf "redis://controller:$(MESHKEEPER_REDIS_PASSWORD)@%s-redis:6379/0" (include "meshkeeper.fullname" .) | quote }}
 {{- else }}
+- name: REDIS_URL
   valueFrom:
     secretKeyRef:
       name: {{ include "meshkeeper.redisSecretName" . }}
@@ -73,15 +77,42 @@ reference otherwise (an external URL may carry a password). Args use $(MESHKEEPE
 {{- end }}
 {{- end }}
 
-{{/* The API token, where a Secret holds one. */}}
-{{- define "meshkeeper.tokenEnv" -}}
-{{- with .Values.controller.auth.existingSecret }}
-- name: MESHKEEPER_API_TOKEN
-  valueFrom:
-    secretKeyRef:
-      name: {{ . }}
-      key: {{ $.Values.controller.auth.tokenKey }}
+{{/* The Secret with api-token, scrape-token, join-token and the two Redis passwords. */}}
+{{- define "meshkeeper.authSecretName" -}}
+{{- default (printf "%s-auth" (include "meshkeeper.fullname" .)) .Values.auth.existingSecret }}
 {{- end }}
+
+{{/*
+The auth Secret's data (base64), computed once per render and cached in .Values so the
+Secret and the pods' checksum annotations agree: the value given in auth.*, else the one the
+installed Secret already holds (lookup: kept across upgrades), else a fresh random one.
+`helm template` and --dry-run cannot look up, so they render fresh values every time.
+*/}}
+{{- define "meshkeeper.authData" -}}
+{{- if not (hasKey .Values "__authData") }}
+{{- $existing := (lookup "v1" "Secret" .Release.Namespace (include "meshkeeper.authSecretName" .)).data | default dict }}
+{{- $a := .Values.auth }}
+{{- $given := dict "api-token" $a.apiToken "scrape-token" $a.scrapeToken "join-token" $a.joinToken "redis-admin-password" $a.redisAdminPassword "redis-controller-password" $a.redisControllerPassword }}
+{{- $data := dict }}
+{{- range $key, $value := $given }}
+{{- $_ := set $data $key (ternary (b64enc $value) (get $existing $key | default (randAlphaNum 40 | b64enc)) (ne $value "")) }}
+{{- end }}
+{{- $_ := set .Values "__authData" $data }}
+{{- end }}
+{{- toYaml .Values.__authData }}
+{{- end }}
+
+{{/* Roll a pod when the Secret it reads through secretKeyRef changes (rotation by upgrade). */}}
+{{- define "meshkeeper.authChecksum" -}}
+{{- if not .Values.auth.existingSecret }}
+checksum/auth: {{ include "meshkeeper.authData" . | sha256sum }}
+{{- end }}
+{{- end }}
+
+{{/* One key of the auth Secret as a variable: (dict "ctx" $ "name" "ENV_NAME" "key" "api-token"). */}}
+{{- define "meshkeeper.authEnv" -}}
+- name: {{ .name }}
+  valueFrom: {secretKeyRef: {name: {{ include "meshkeeper.authSecretName" .ctx }}, key: {{ .key }}}}
 {{- end }}
 
 {{/* Pod name, namespace and node from the downward API (logs, events, topology labels). */}}
@@ -107,4 +138,13 @@ reference otherwise (an external URL may carry a password). Args use $(MESHKEEPE
 {{- if and .Values.externalRedis.url .Values.externalRedis.existingSecret }}
 {{- fail "set one of externalRedis.url and externalRedis.existingSecret, not both" }}
 {{- end }}
+{{- end }}
+
+{{/*
+The `controller` Redis user's rules: keys and channels under the prefix, no server-wide
+commands, and managing agent users. Must equal services/store.controller_acl (test_helm.py
+checks): the controller creates one user per joined agent and saves them to the aclfile.
+*/}}
+{{- define "meshkeeper.controllerACL" -}}
+{{ printf "~%s* &%s* +@all -@dangerous +info +acl|setuser +acl|deluser +acl|getuser +acl|save +client|kill" .Values.keyPrefix .Values.keyPrefix }}
 {{- end }}
