@@ -1,0 +1,170 @@
+"""Data paths only under the configured data roots; checkpoint.root honoured inside an allowed
+root, refused outside, never silently replaced.
+
+First `services/paths.py` on a real filesystem (links, `..`, missing files), then the whole
+path through a real controller (`--data-root`, `--checkpoint-root-allow`) and a real agent with
+its own, narrower `--data-root`: the controller refuses at submission with 422 naming the
+field, the agent refuses again on its host, and a job inside the roots trains on the file and
+checkpoints where its spec said."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from services.client import ApiError
+from services.paths import PathRefused, confine, confine_spec
+from services.spec import SpecError
+from tests.security.smallpool import SmallPool
+from tests.stack import tiny_spec, wait_phase, wait_until
+
+
+@pytest.fixture
+def tree(tmp_path) -> dict[str, Path]:
+    """root/ with a file, a link inside the root, links out of it; secret/ outside the root."""
+    root, secret = tmp_path / "root", tmp_path / "secret"
+    (root / "sub").mkdir(parents=True)
+    secret.mkdir()
+    (root / "sub" / "corpus.txt").write_text("hello " * 100)
+    (secret / "key.txt").write_text("do not train on me")
+    (root / "inner").symlink_to(root / "sub")  # stays inside: allowed
+    (root / "out-dir").symlink_to(secret)  # a directory link that leaves the root
+    (root / "out-file.txt").symlink_to(secret / "key.txt")
+    (root / "rel-out").symlink_to("../secret")  # relative target, leaves too
+    return {"root": root, "secret": secret}
+
+
+def test_files_under_the_root_resolve(tree):
+    root = tree["root"]
+    assert confine(f"{root}/sub/corpus.txt", [root], must_exist=True) == root / "sub" / "corpus.txt"
+    # a link that stays inside is followed; the result is the real file
+    assert confine(f"{root}/inner/corpus.txt", [root], must_exist=True) == root / "sub" / "corpus.txt"
+    assert confine(f"{root}//sub/./corpus.txt", [root], must_exist=True) == root / "sub" / "corpus.txt"
+    # a root given through a link of its own still works, both spellings
+    alias = tree["secret"].parent / "alias"
+    alias.symlink_to(root)
+    assert confine(f"{alias}/sub/corpus.txt", [alias], must_exist=True) == root / "sub" / "corpus.txt"
+
+
+@pytest.mark.parametrize("rel", ["out-dir/key.txt", "out-file.txt", "rel-out/key.txt",
+                                 "sub/../../secret/key.txt", "sub/../sub/corpus.txt"])
+def test_links_out_of_the_root_and_dotdot_are_refused(tree, rel):
+    with pytest.raises(PathRefused):
+        confine(f"{tree['root']}/{rel}", [tree["root"]], must_exist=True)
+    with pytest.raises(PathRefused):  # a checkpoint directory may not leave through them either
+        confine(f"{tree['root']}/{rel}", [tree["root"]], must_exist=False)
+
+
+def test_outside_paths_relative_paths_and_no_roots_are_refused(tree):
+    for path in ("/etc/shadow", "/proc/self/environ", str(tree["secret"] / "key.txt"), "sub/corpus.txt",
+                 f"{tree['root']}-sibling/x"):  # a prefix of the root's name is not inside it
+        with pytest.raises(PathRefused):
+            confine(path, [tree["root"]], must_exist=True)
+    with pytest.raises(PathRefused, match="no roots are configured"):
+        confine(f"{tree['root']}/sub/corpus.txt", [], must_exist=True)
+
+
+def test_a_refusal_never_tells_whether_a_path_exists(tree):
+    """Missing, a directory, a link out of the root, a root-only file elsewhere: one message."""
+    root = tree["root"]
+
+    def message(path: str) -> str:
+        with pytest.raises(PathRefused) as e:
+            confine(path, [root], must_exist=True)
+        return str(e.value).replace(repr(path), "PATH")
+
+    inside = {message(f"{root}/{p}") for p in ("nope.txt", "sub", "out-file.txt", "out-dir/key.txt",
+                                               "out-dir/missing.txt")}
+    assert len(inside) == 1, inside
+    outside = {message(p) for p in ("/etc/shadow", "/etc/passwd", "/no/such/file", str(tree["secret"] / "key.txt"))}
+    assert outside == inside
+
+
+def test_checkpoint_root_inside_is_resolved_outside_is_refused(tree):
+    spec = tiny_spec("ck", checkpoint={"root": f"{tree['root']}/inner/runs"})
+    assert confine_spec(spec, [], [tree["root"]], on_host=True)["checkpoint"]["root"] == \
+        str(tree["root"] / "sub" / "runs")  # not yet there: fine for a directory to be made
+    for bad in ("/tmp/elsewhere", f"{tree['root']}/out-dir/runs", f"{tree['root']}/../secret"):
+        with pytest.raises(SpecError) as e:
+            confine_spec(tiny_spec("ck", checkpoint={"root": bad}), [], [tree["root"]], on_host=False)
+        assert [p.field for p in e.value.problems] == ["checkpoint.root"]
+
+
+# --- through a real controller and agent -------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    """Controller data root D, agents' data root D/agent (narrower), checkpoints under
+    work/checkpoints (the agents' --checkpoint-root, allowed to specs by the controller)."""
+    work = tmp_path_factory.mktemp("roots")
+    data = work / "data"
+    (data / "agent").mkdir(parents=True)
+    (data / "agent" / "corpus.txt").write_bytes(bytes(range(32, 127)) * 40)
+    (data / "controller-only.txt").write_bytes(bytes(range(32, 127)) * 40)
+    (data / "agent" / "escape").symlink_to("/etc")
+    p = SmallPool(work, 1, controller_flags=["--data-root", str(data), "--checkpoint-root-allow",
+                                             str(work / "checkpoints")],
+                  agent_flags=["--data-root", str(data / "agent")])
+    p.data = data
+    yield p
+    p.close()
+
+
+def one_rank(name: str, **sections: dict) -> dict:
+    """A tiny job for the pool's single worker."""
+    return tiny_spec(name, parallel={"dp": 1}, **sections)
+
+
+def refused(pool: SmallPool, spec: dict) -> dict:
+    r = pool.client.http.post("/v1/jobs", json=spec)
+    assert r.status_code == 422, r.text
+    return r.json()
+
+
+def test_a_job_reading_outside_the_data_roots_gets_422_naming_data_source(pool):
+    data = pool.data
+    bodies = {}
+    for path in ("/etc/shadow", "/etc/passwd", "/no/such/file", f"{data}/../secret.txt",
+                 f"{data}/agent/escape/passwd", "relative/corpus.txt"):
+        body = refused(pool, one_rank("leak", data={"source": f"text:{path}"}))
+        assert [p["field"] for p in body["problems"]] == ["data.source"], body
+        bodies[path] = json.dumps(body).replace(path, "PATH")
+    # a root-only file, a world-readable one and a missing one answer alike
+    assert bodies["/etc/shadow"] == bodies["/etc/passwd"] == bodies["/no/such/file"]
+    assert not pool.client.jobs(), "a refused job must not be stored"
+
+
+def test_checkpoint_root_outside_the_allowed_roots_gets_422(pool):
+    body = refused(pool, one_rank("ck", checkpoint={"root": "/tmp/anywhere"}))
+    assert [p["field"] for p in body["problems"]] == ["checkpoint.root"]
+    assert "--checkpoint-root-allow" in body["problems"][0]["message"]
+
+
+def test_the_agent_refuses_a_path_outside_its_own_roots(pool):
+    """The controller's root allows the file, the agent's narrower one does not: the rank fails
+    with exit code 2 and the path named, and no trainer is started."""
+    spec = one_rank("agent-no", data={"source": f"text:{pool.data}/controller-only.txt"})
+    jid = pool.client.submit(spec).id
+    job = wait_phase(pool.client, jid, ("Failed", "Succeeded"), 60)
+    failed = job.condition("Failed")
+    assert job.phase == "Failed" and "exited with code 2" in failed.message, failed
+    assert "data.source" in failed.message and "controller-only.txt" in failed.message, failed.message
+    assert not list((pool.work / "workers").glob(f"*/jobs/{jid}/g*/rank*.log")), "a trainer was started"
+
+
+@pytest.mark.slow
+def test_a_job_inside_the_roots_trains_on_the_file_and_checkpoints_where_its_spec_says(pool):
+    ckpt = pool.work / "checkpoints" / "team-a"
+    spec = one_rank("in-roots", train={"steps": 4, "global_batch": 4},
+                     data={"source": f"text:{pool.data}/agent/corpus.txt"},
+                     checkpoint={"root": str(ckpt), "every_steps": 2, "mode": "sync"})
+    jid = pool.client.submit(spec).id
+    job = wait_phase(pool.client, jid, ("Succeeded", "Failed"), 180)
+    assert job.phase == "Succeeded", job.conditions
+    saved = wait_until(lambda: list((ckpt / jid / "in-roots").rglob("*")), 10, "checkpoint files")
+    assert saved, f"nothing under {ckpt}"
+    spec_seen = json.loads(next((pool.work / "workers").glob(f"*/jobs/{jid}/g1/spec.json")).read_text())
+    assert spec_seen["data"]["source"] == f"text:{os.path.realpath(pool.data / 'agent' / 'corpus.txt')}"
