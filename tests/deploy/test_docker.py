@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
+import time
 import tomllib
+
+import pytest
+import yaml
 
 import deploytools as dt
 
@@ -132,3 +140,135 @@ def test_compose_exposes_only_what_a_user_needs():
         for v in services[name]["volumes"]:
             if v["type"] == "bind":
                 assert dt.Path(v["source"]).exists(), f"{name} mounts missing {v['source']}"
+
+
+# --- secure by default (issue 11) --------------------------------------------------------
+
+SECRETS_SCRIPT = dt.REPO / "deploy" / "compose" / "compose-secrets.py"
+
+
+def compose_services() -> dict:
+    out = compose("config", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)["services"]
+
+
+def test_compose_redis_requires_auth_and_workers_hold_no_redis_password():
+    services = compose_services()
+    redis = services["redis"]
+    cmd = redis["command"]
+    assert cmd[cmd.index("--aclfile") + 1] == "/data/users.acl"
+    assert ("redis-data", "/data") in {(v["source"], v["target"]) for v in redis["volumes"]}
+    probe = " ".join(redis["healthcheck"]["test"])
+    assert "--user admin" in probe and "grep -q PONG" in probe, "redis-cli exits 0 on NOAUTH: check the reply"
+    worker = services["worker"]
+    assert worker["command"] == ["--controller", "http://controller:8080"]
+    assert worker["environment"] == {"MESHKEEPER_JOIN_TOKEN_FILE": "/run/secrets/meshkeeper/join-token",
+                                     "MESHKEEPER_METRICS_HOST": "0.0.0.0"}
+    assert {v["source"] for v in worker["volumes"]} == {"checkpoints", "secrets-worker"}
+    # each service mounts only its own secrets volume; only `secrets` sees them all
+    for name, s in services.items():
+        mounted = {v["source"] for v in s.get("volumes", []) if v["type"] == "volume" and v["source"].startswith("secrets")}
+        assert name == "secrets" or mounted <= {f"secrets-{name}"}, (name, mounted)
+        if name != "secrets":
+            assert s["depends_on"]["secrets"]["condition"] == "service_completed_successfully", name
+    assert "GF_SECURITY_ADMIN_PASSWORD" not in services["grafana"]["environment"], "no default Grafana password"
+    assert services["controller"]["environment"]["MESHKEEPER_AUTH_FILE"] == "/run/secrets/meshkeeper/auth.json"
+
+
+def _run_secrets(root, **env):
+    return subprocess.run([sys.executable, str(SECRETS_SCRIPT), str(root)], capture_output=True, text=True,
+                          timeout=60, cwd=dt.REPO, env={"PATH": os.environ["PATH"], "PYTHONPATH": str(dt.REPO), **env})
+
+
+def test_compose_secrets_are_generated_kept_given_and_handed_out(tmp_path):
+    import redis as redislib
+
+    from services.procs import free_port
+    from services.tokens import hash_token, read_auth_file
+
+    root = tmp_path / "secrets"
+    out = _run_secrets(root)
+    assert out.returncode == 0, out.stderr
+    files = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+    assert {f for f in files if not f.startswith("store/")} == {
+        "controller/auth.json", "controller/redis-url", "controller/api-token", "worker/join-token",
+        "prometheus/scrape-token", "grafana/grafana-admin-password", "redis/redis-admin-password",
+        "redis-data/users.acl"}
+    read = {f: (root / f).read_text().strip() for f in files}
+    api, join = read["controller/api-token"], read["worker/join-token"]
+    assert len(api) >= 32 and len({api, join, read["prometheus/scrape-token"]}) == 3
+    auth = read_auth_file(root / "controller" / "auth.json")
+    assert {(t.name, t.role, t.sha256) for t in auth.tokens} == {
+        ("admin", "admin", hash_token(api)), ("prometheus", "scrape", hash_token(read["prometheus/scrape-token"]))}
+    assert auth.join_sha256 == hash_token(join)
+    assert api not in (root / "controller" / "auth.json").read_text()
+    if os.geteuid() == 0:  # handed to the uid of the service that reads it, for nobody else
+        for f, uid in {"worker/join-token": 10001, "prometheus/scrape-token": 65534,
+                       "redis-data/users.acl": 999, "controller/redis-url": 10001}.items():
+            st = (root / f).stat()
+            assert st.st_uid == uid and st.st_mode & 0o077 == 0, (f, st.st_uid, oct(st.st_mode))
+
+    # Redis with that aclfile: auth required; the controller's URL works and is confined
+    port = free_port()
+    acl = root / "redis-data" / "users.acl"
+    proc = subprocess.Popen([dt.tool("redis-server"), "--port", str(port), "--bind", "127.0.0.1",
+                             "--aclfile", str(acl), "--save", "", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    try:
+        url = read["controller/redis-url"].replace("@redis:6379", f"@127.0.0.1:{port}")
+        ctl = redislib.Redis.from_url(url)
+        for _ in range(100):
+            try:
+                ctl.ping()
+                break
+            except redislib.ConnectionError:
+                time.sleep(0.05)
+        with pytest.raises(redislib.AuthenticationError):
+            redislib.Redis(port=port).ping()
+        ctl.set("mk:k", 1)
+        with pytest.raises(redislib.exceptions.NoPermissionError):
+            ctl.set("elsewhere", 1)
+        ctl.execute_command("ACL", "SETUSER", "agent-w1", "on", ">pw-of-w1", "+ping")
+        ctl.execute_command("ACL", "SAVE")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+    # a second `up` keeps everything and the saved agent; a given value replaces its secret
+    out = _run_secrets(root, MESHKEEPER_API_TOKEN="given-admin-token-0123456789")
+    assert out.returncode == 0, out.stderr
+    assert (root / "worker" / "join-token").read_text().strip() == join
+    assert (root / "controller" / "api-token").read_text().strip() == "given-admin-token-0123456789"
+    assert "user agent-w1 " in acl.read_text() and "user default off" in acl.read_text()
+    bad = _run_secrets(root, REDIS_ADMIN_PASSWORD="short")
+    assert bad.returncode != 0 and "REDIS_ADMIN_PASSWORD" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_controller_entrypoint_exports_its_redis_url(tmp_path):
+    """The compose entrypoint's shell, with the final exec swapped for `env`."""
+    entry = compose_services()["controller"]["entrypoint"]
+    assert entry[:2] == ["/bin/sh", "-c"]
+    (tmp_path / "redis-url").write_text("redis://controller:p%40ss@redis:6379/0\n")
+    script = entry[2].replace("$$", "$").replace("/run/secrets/meshkeeper", str(tmp_path))
+    assert 'exec python -m controller "$@"' in script
+    out = subprocess.run(["sh", "-c", script.replace('exec python -m controller "$@"', "exec env"), *entry[3:]],
+                         capture_output=True, text=True, timeout=10)
+    assert "REDIS_URL=redis://controller:p%40ss@redis:6379/0" in out.stdout.splitlines(), out
+
+
+def test_prometheus_config_scrapes_the_controller_with_the_scrape_token(tmp_path):
+    cfg = yaml.safe_load((dt.REPO / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
+    token = "/run/secrets/meshkeeper/scrape-token"
+    assert jobs["meshkeeper-controller"]["authorization"] == {"credentials_file": token}
+    assert jobs["meshkeeper-worker"]["http_sd_configs"][0]["authorization"] == {"credentials_file": token}
+    assert "authorization" not in jobs["meshkeeper-worker"], "workers' endpoints must not receive the token"
+    mounts = {v["target"]: v["source"] for v in compose_services()["prometheus"]["volumes"]}
+    assert mounts["/run/secrets/meshkeeper"] == "secrets-prometheus"
+    # promtool reads the credentials file: point it at a real one
+    shutil.copytree(dt.REPO / "deploy" / "prometheus", tmp_path / "prometheus")
+    (tmp_path / "scrape-token").write_text("t" * 40)
+    conf = tmp_path / "prometheus" / "prometheus.yml"
+    conf.write_text(conf.read_text().replace(token, str(tmp_path / "scrape-token")))
+    out = dt.run(dt.tool("promtool"), "check", "config", str(conf))
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -347,9 +347,7 @@ def test_redis_starts_with_auth_required_and_keeps_joined_agents(tmp_path):
 
     from services.procs import free_port
 
-    redis_server = shutil.which("redis-server")
-    if not redis_server:
-        raise dt.MissingTool("redis-server not found; install it: apt-get install redis-server")
+    redis_server = dt.tool("redis-server")
     script, env, args = _redis_acl_script(objects())
     data = tmp_path / "data"
     data.mkdir()

@@ -15,7 +15,7 @@ only what it needs, owned by its uid and readable by nobody else:
                 volume: `default` off, admin and controller rewritten from the secrets, the
                 agent users the controller saved (ACL SAVE) kept
 
-    python secrets.py [ROOT]   (ROOT defaults to /secrets, where the compose file mounts them)
+    python compose-secrets.py [ROOT]   (ROOT defaults to /secrets, where the compose file mounts them)
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ TOKEN_RE = re.compile(r"^[\x21-\x7e]{16,}$")  # printable, no spaces, long enoug
 
 def values(store: Path, env: dict[str, str]) -> dict[str, str]:
     """Every secret: given, else kept, else new; the store is updated to match."""
-    store.mkdir(mode=0o700, exist_ok=True)
+    store.mkdir(mode=0o700, parents=True, exist_ok=True)
     out = {}
     for name, var in GIVEN_BY.items():
         given, kept = env.get(var, "").strip(), store / name
