@@ -37,16 +37,20 @@ async def _heartbeats(url: str, n: int, interval: float, beating, beats) -> None
     keys, hb = Keys(), r.register_script(scripts.HEARTBEAT)
     async with r.pipeline(transaction=False) as pipe:
         for i in range(n):
+            # what the controller writes when an agent joins (as user admin: simulated agents
+            # skip the join; `joined_at` makes them placeable)
             pipe.hset(keys.worker(f"sim{i}"), mapping=flat({
                 "host": f"sim-host-{i // 8}", "address": "127.0.0.1",
-                "labels": {"host": f"sim-host-{i // 8}"}, "devices": 1, "state": "idle"}))
+                "labels": {"host": f"sim-host-{i // 8}"}, "devices": 1, "state": "idle",
+                "memory_bytes": 1 << 34, "device_kind": "cpu", "joined_at": time.time()}))
         await pipe.execute()
 
     async def worker(i: int) -> None:
         await asyncio.sleep(interval * i / n)  # spread the beats evenly
         while True:
             if beating.value:
-                await hb(keys=[keys.workers_seen(), keys.worker(f"sim{i}")], args=[f"sim{i}", "", 0])
+                await hb(keys=[keys.workers_seen(), keys.worker(f"sim{i}")],
+                         args=[f"sim{i}", "", 0, keys.worker_assignment(f"sim{i}")])
                 with beats.get_lock():
                     beats.value += 1
             await asyncio.sleep(interval)

@@ -36,6 +36,7 @@ from controller.service import Controller
 from controller.status import job_status, job_summary, workers_status
 from services import api
 from services.spec import JobSpec, SpecError, parse_spec
+from services.store import without_credentials
 
 log = logging.getLogger("meshkeeper.api")
 # a valid spec, shown in the OpenAPI document (and a fuzzer's first example)
@@ -174,9 +175,10 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
 
     @app.get("/v1/agent/bootstrap", tags=["workers"], responses=denied, dependencies=[admin])
     def bootstrap() -> dict:
-        """Where agents started with --controller find Redis (admin only: the URL may carry
-        credentials; agents join with POST /v1/agents/join instead)."""
-        return {"redis_url": ctl.cfg.agent_redis_url or ctl.cfg.redis_url, "prefix": ctl.cfg.prefix}
+        """Where Redis is, for operators (admin only; never with credentials: agents get
+        their own with POST /v1/agents/join)."""
+        return {"redis_url": without_credentials(ctl.cfg.agent_redis_url or ctl.cfg.redis_url),
+                "prefix": ctl.cfg.prefix}
 
     @app.get("/healthz", tags=["ops"])
     def healthz() -> dict:

@@ -216,6 +216,12 @@ def acl_file(prefix: str, admin_password: str, controller_password: str) -> str:
     ]) + "\n"
 
 
+def without_credentials(url: str) -> str:
+    """`url` with any user and password dropped (safe to show or hand out)."""
+    u = urlsplit(url)
+    return urlunsplit((u.scheme, u.netloc.rpartition("@")[2], u.path, u.query, u.fragment))
+
+
 def with_credentials(url: str, user: str, password: str) -> str:
     """`url` (redis:// or rediss://) with its user and password replaced."""
     u = urlsplit(url)

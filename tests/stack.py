@@ -113,16 +113,28 @@ class Proc:
         return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
 
 
+def self_signed_cert(work: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 (its own CA) and its key, made by openssl."""
+    cert, key = work / "cert.pem", work / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    return cert, key
+
+
 class RedisServer:
     """redis-server on a free port with auth on (as everywhere): an aclfile in `work` with the
     `default` user off and users `admin` (`url`: ops and tests) and `controller`
     (`controller_url`); agent users the controller adds at join are saved to it and survive
-    a restart. AOF with fsync on every write, so a SIGKILL loses nothing."""
+    a restart. AOF with fsync on every write, so a SIGKILL loses nothing. With `tls` (a PEM
+    certificate that is its own CA, and its key) it serves only TLS, and the URLs are rediss://."""
 
-    def __init__(self, work: Path, secrets: TestSecrets | None = None, prefix: str = "mk:"):
-        self.work, self.port, self.prefix = work, free_port(), prefix
+    def __init__(self, work: Path, secrets: TestSecrets | None = None, prefix: str = "mk:",
+                 tls: tuple[Path, Path] | None = None):
+        self.work, self.port, self.prefix, self.tls = work, free_port(), prefix, tls
         self.secrets = secrets or TestSecrets.create(work / "secrets")
-        self.anonymous_url = f"redis://127.0.0.1:{self.port}/0"
+        self.anonymous_url = (f"rediss://127.0.0.1:{self.port}/0?ssl_ca_certs={tls[0]}" if tls
+                              else f"redis://127.0.0.1:{self.port}/0")
         self.url = with_credentials(self.anonymous_url, "admin", self.secrets.redis_admin_password)
         self.controller_url = with_credentials(self.anonymous_url, "controller",
                                                self.secrets.redis_controller_password)
@@ -131,10 +143,16 @@ class RedisServer:
     def start(self) -> None:
         exe = shutil.which("redis-server") or "/usr/bin/redis-server"
         users = self.work / "users.acl"
+        self.work.mkdir(parents=True, exist_ok=True)
         if not users.exists():  # a restart keeps the agent users saved since
             users.write_text(acl_file(self.prefix, self.secrets.redis_admin_password,
                                       self.secrets.redis_controller_password))
-        self.proc = Proc("redis", [exe, "--port", str(self.port), "--bind", "127.0.0.1",
+        ports = ["--port", str(self.port)]
+        if self.tls:
+            cert, key = self.tls
+            ports = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(cert),
+                     "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no"]
+        self.proc = Proc("redis", [exe, *ports, "--bind", "127.0.0.1",
                                    "--dir", str(self.work), "--save", "", "--appendonly", "yes",
                                    "--appendfsync", "always", "--aclfile", str(users)], self.work)
         store = Store(self.url)

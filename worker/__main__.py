@@ -15,6 +15,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -143,10 +144,14 @@ def join(args: argparse.Namespace, cfg: AgentConfig, stop: list[bool]) -> tuple[
             "labels": cfg.labels, "memory_bytes": memory, "device_kind": kind, "pid": os.getpid(),
             "run_dir": str(cfg.run_dir)}
     url, backoff = args.controller.rstrip("/") + "/v1/agents/join", Backoff(cap=5.0)
+    try:
+        verify = ssl.create_default_context(cafile=args.ca_file) if args.ca_file else True
+    except (OSError, ssl.SSLError) as e:
+        raise SystemExit(f"agent: --ca-file {args.ca_file}: cannot load it as a PEM CA certificate ({e})")
     while not stop:
         try:
             r = httpx.post(url, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=10.0,
-                           verify=args.ca_file or True)
+                           verify=verify)
         except httpx.HTTPError as e:
             log.warning("controller %s not answering (%s); retrying", args.controller, e)
             time.sleep(backoff.next())

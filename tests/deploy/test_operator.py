@@ -28,6 +28,7 @@ from services.client import Client
 from services.procs import free_port, stop_all
 from services.store import Store, flat
 from services.tokens import new_token
+from tests.stack import RedisServer
 
 NS = "ml"
 TJ = "meshkeeper.io/v1alpha1/trainingjobs"
@@ -39,20 +40,20 @@ SPEC = {"model": {"preset": "tiny"}, "parallel": {"dp": 2, "pp": 1, "tp": 1},
 # --- the real back end: redis-server and the controller, once per module -----------------
 
 @pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    exe = shutil.which("redis-server")
-    if not exe:
+def redis(tmp_path_factory) -> RedisServer:
+    """redis-server with auth on, as deployed: users admin and controller (prefix op:)."""
+    if not shutil.which("redis-server"):
         raise dt.MissingTool("redis-server not found; install it: apt-get install redis-server")
-    port = free_port()
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(tmp_path_factory.mktemp("redis"))],
-                            stdout=subprocess.DEVNULL, start_new_session=True)
-    url = f"redis://127.0.0.1:{port}/0"
-    store = Store(url)
-    until(lambda: _pings(store), 10, "redis-server did not start")
-    yield url
-    store.close()
-    stop_all([proc], 5)
+    server = RedisServer(tmp_path_factory.mktemp("redis"), prefix="op:")
+    server.start()
+    yield server
+    server.proc.stop(5)
+
+
+@pytest.fixture(scope="module")
+def redis_url(redis) -> str:
+    """As user admin: the tests write recoveries the way the controller's loop would."""
+    return redis.url
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +62,12 @@ def api_token() -> str:
 
 
 @pytest.fixture(scope="module")
-def controller_url(redis_url, api_token, tmp_path_factory):
+def controller_url(redis, api_token, tmp_path_factory):
     """The controller as the chart runs it: its admin token from MESHKEEPER_API_TOKEN."""
     port = free_port()
     log = (tmp_path_factory.mktemp("controller") / "controller.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "controller", "--host", "127.0.0.1", "--port", str(port),
-                             "--redis-url", redis_url, "--prefix", "op:"],
+                             "--redis-url", redis.controller_url, "--prefix", "op:"],
                             env={**os.environ, "MESHKEEPER_API_TOKEN": api_token},
                             cwd=dt.REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -75,13 +76,6 @@ def controller_url(redis_url, api_token, tmp_path_factory):
     yield url
     stop_all([proc], 10)
     log.close()
-
-
-def _pings(store: Store) -> bool:
-    try:
-        return store.ping()
-    except Exception:
-        return False
 
 
 def until(check: Callable[[], object], timeout: float, what: str):

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
 from services.procs import free_port, stop_all
-from tests.stack import Controller, Proc, RedisServer, TestSecrets, wait_until
+from tests.stack import Controller, Proc, RedisServer, TestSecrets, agent_argv, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENTS = 5
@@ -28,21 +27,17 @@ class ObsStack:
     def __init__(self, work: Path):
         self.work = work
         self.secrets = TestSecrets.create(work / "secrets")
-        self.redis = RedisServer(work / "redis")
-        self.redis.work.mkdir(parents=True)
+        self.redis = RedisServer(work / "redis", self.secrets)
         self.redis.start()
-        self.controller = Controller(self.redis.url, work / "logs", "controller", self.secrets)
+        self.controller = Controller(self.redis.controller_url, work / "logs", "controller", self.secrets)
         self.client = self.controller.client()
         self.metrics_ports: dict[str, int] = {}
         self.agents = {f"w{i}": self._agent(f"w{i}") for i in range(AGENTS)}
 
     def _agent(self, wid: str) -> Proc:
         port = self.metrics_ports[wid] = free_port()
-        return Proc(f"agent-{wid}", [
-            sys.executable, "-m", "worker", "--redis-url", self.redis.url, "--id", wid,
-            "--address", "127.0.0.1", "--metrics-port", str(port),
-            "--run-dir", str(self.work / "workers" / wid),
-            "--checkpoint-root", str(self.work / "checkpoints")], self.work / "logs")
+        return Proc(f"agent-{wid}", agent_argv(self.controller.url, self.secrets, wid, self.work, port),
+                    self.work / "logs")
 
     def idle(self) -> None:
         """No open job and every agent alive and idle (restarting any a test killed)."""

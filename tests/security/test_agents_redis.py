@@ -119,6 +119,14 @@ def test_a_join_registers_the_worker_and_gives_it_its_own_redis_user(api, admin)
         raw(url).ping()
 
 
+def test_bootstrap_never_hands_out_credentials(api):
+    r = httpx.get(api.url + "/v1/agent/bootstrap", timeout=10)
+    assert r.status_code == 401 and "redis" not in r.text.lower()
+    r = httpx.get(api.url + "/v1/agent/bootstrap", headers={"Authorization": f"Bearer {api.secrets.admin_token}"},
+                  timeout=10)
+    assert r.json()["redis_url"] == api.redis.anonymous_url  # where Redis is; no user, no password
+
+
 def test_a_forged_worker_is_never_given_a_rank(api, admin, tmp_path):
     """A real agent w1 joins; a dp=2 job needs a second worker. A forger holding the Redis
     credentials of another joined worker (wz), and one with none, try to add a worker
