@@ -62,7 +62,7 @@ def test_every_spec_problem_is_listed(stack):
 
 
 def test_events_after_must_be_an_event_id(stack):
-    jid = stack.client.submit(tiny_spec("ev", parallel={"dp": 16}, train={"global_batch": 32})).id
+    jid = stack.client.submit(tiny_spec("ev", train={"steps": 100000})).id
     r = stack.client.http.get(f"/v1/jobs/{jid}/events", params={"after": "yesterday"})
     assert r.status_code == 422 and r.json()["problems"][0]["field"] == "query.after"
     stack.client.cancel(jid)
