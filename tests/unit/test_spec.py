@@ -48,6 +48,23 @@ BAD = [
     (with_("fault_tolerance.min_dp", 4), "fault_tolerance.min_dp", "cannot exceed parallel.dp"),
     (with_("fault_tolerance.dead_after_s", 0.6), "fault_tolerance.dead_after_s", "2x heartbeat_s"),
     ({k: v for k, v in GOOD.items() if k != "train"}, "train", "required"),
+    # strict types: no coercion of booleans or strings into numbers, finite floats only
+    (with_("model.rope_theta", float("inf")), "model.rope_theta", "finite number (not Infinity or NaN)"),
+    (with_("train.lr", float("nan")), "train.lr", "finite number"),
+    (with_("train.steps", True), "train.steps", "not a string, not 2.0) (got true)"),
+    (with_("train.steps", "5"), "train.steps", 'without quotes (not true/false, not a string, not 2.0) (got "5")'),
+    (with_("train.steps", 5.0), "train.steps", "(got 5.0)"),
+    (with_("parallel.dp", False), "parallel.dp", "(got false)"),
+    (with_("train.lr", "3e-4"), "train.lr", "number written without quotes"),
+    (with_("train.betas", [True, 0.95]), "train.betas.0", "(got true)"),
+    (with_("parallel.activation_checkpointing", "yes"), "parallel.activation_checkpointing", "true or false"),
+    (with_("model", "tiny"), "model", "mapping of keys to values"),
+    # upper bounds on every count, and on the model as a whole
+    (with_("train.warmup_steps", 10**10), "train.warmup_steps", "less than or equal to"),
+    (with_("model.rope_theta", 1e300), "model.rope_theta", "less than or equal to"),
+    (with_("checkpoint.every_steps", 10**12), "checkpoint.every_steps", "less than or equal to"),
+    ({**GOOD, "model": {"layers": 1024, "d_model": 65536, "heads": 64, "vocab": 1000, "seq_len": 16}},
+     "model", "parameters exceed the limit"),
 ]
 
 
@@ -63,6 +80,22 @@ def test_bad_spec_names_field_and_fix(spec, field, fix):
     matching = [p for p in info.value.problems if p.field == field]
     assert matching, f"no problem names {field}: {info.value}"
     assert any(fix in p.message for p in matching), f"{field}: {[p.message for p in matching]}"
+
+
+def test_every_example_and_preset_stays_valid_and_round_trips():
+    """Strictness must not refuse what the project ships, nor the stored (JSON) form of a
+    spec that the agent hands to trainers (betas come back as a list)."""
+    import json
+    from services.spec import PRESETS
+    specs = [load_spec(f) for f in sorted((ROOT / "examples").glob("*.yaml"))]
+    specs += [parse_spec({**GOOD, "model": {"preset": name}, "parallel": {"dp": 1}}) for name in PRESETS]
+    assert len(specs) > len(PRESETS)
+    for s in specs:
+        assert parse_spec(json.loads(json.dumps(s.model_dump(mode="json")))) == s
+
+
+def test_int_where_a_float_is_wanted_is_fine():
+    assert parse_spec(with_("model.rope_theta", 500000)).model.rope_theta == 500000.0
 
 
 def test_preset_fields_can_be_overridden():
