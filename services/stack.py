@@ -107,15 +107,19 @@ class LocalStack:
         if not self.redis_url:
             self._start_redis(timeout_s)
         py = sys.executable
+        # jobs may train on files under {run_dir}/data and checkpoint under {run_dir}/checkpoints
+        data, ckpt = self.cfg.run_dir / "data", self.cfg.run_dir / "checkpoints"
+        data.mkdir(exist_ok=True)
         self._spawn("controller", [py, "-m", "controller", "--host", "127.0.0.1", "--port",
                                    str(self.cfg.port), "--redis-url", self.controller_redis_url,
-                                   "--auth-file", str(self.secrets.auth_file)])
+                                   "--auth-file", str(self.secrets.auth_file), "--data-root", str(data),
+                                   "--checkpoint-root-allow", str(ckpt)])
         for i in range(self.cfg.workers):
             argv = [py, "-m", "worker", "--controller", self.url, "--join-token-file",
                     str(self.secrets.join_token_file), "--id", f"w{i}",
                     "--address", "127.0.0.1", "--run-dir", str(self.cfg.run_dir / "workers" / f"w{i}"),
                     "--warm", str(self.cfg.warm), "--metrics-port", "0",
-                    "--checkpoint-root", str(self.cfg.run_dir / "checkpoints")]  # one for all ranks
+                    "--checkpoint-root", str(ckpt), "--data-root", str(data)]  # one for all ranks
             self._spawn(f"worker-w{i}", argv)
         self._wait_ready(timeout_s)
 
