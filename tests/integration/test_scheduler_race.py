@@ -42,7 +42,7 @@ def trainer_killed(store: Store, wid: str, job: str, generation: int) -> None:
 def one_worker_job(store: Store, name: str) -> str:
     return submit(store, parse_spec({
         "name": name, "model": {"preset": "tiny"}, "train": {"steps": 100, "global_batch": 2},
-        "fault_tolerance": {"spares": 0, "min_dp": 1}})).id
+        "fault_tolerance": {"spares": 0, "min_dp": 1}}), owner="tester").id
 
 
 def job(store: Store, jid: str) -> Job:
