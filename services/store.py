@@ -202,7 +202,8 @@ def agent_acl(prefix: str, wid: str) -> list[str]:
             f"%RW~{me}", f"%RW~{me}:progress", f"%RW~{me}:probe",
             f"%R~{me}:assignment", f"%R~{me}:health",  # controller-written: read only
             f"%RW~{prefix}workers:seen",
-            f"%R~{prefix}job:*", f"%W~{prefix}job:*:events", f"%W~{prefix}job:*:checkpoint",
+            # one pattern must grant all a command needs: the CAS (EVALSHA) needs RW on its key
+            f"%R~{prefix}job:*", f"%W~{prefix}job:*:events", f"%RW~{prefix}job:*:checkpoint",
             f"&{me}:assignment"]
 
 

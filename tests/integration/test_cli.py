@@ -120,6 +120,9 @@ def test_up_starts_the_stack_and_stops_it_completely(tmp_path, redis_server, own
         out, _ = up.communicate(timeout=30)
         assert up.returncode == 0, out
         assert "Traceback" not in out
+        assert f"export MESHKEEPER_URL=http://127.0.0.1:{port} MESHKEEPER_TOKEN_FILE={token}" in out
+        secrets = [p.read_text().strip() for p in token.parent.iterdir() if p.name != "auth.json"]
+        assert not [s for s in secrets if s in out]  # it says where the secrets are, never what
         wait_until(lambda: not alive(kids), 10, f"every process of the stack ({kids}) to exit")
     finally:
         if up.poll() is None:

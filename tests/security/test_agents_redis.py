@@ -91,11 +91,19 @@ def test_a_join_registers_the_worker_and_gives_it_its_own_redis_user(api, admin)
     reg = admin.workers(["wa"])["wa"]
     assert reg["address"] == "127.0.0.1" and reg["device_kind"] == "cpu" and float(reg["joined_at"]) > 0
     me = Store(url)
-    try:
+    try:  # everything an agent does (worker/agent.py) is allowed ...
         me.heartbeat("wa")  # its own keys, through the heartbeat script
         me.set_worker("wa", {"state": "idle"})
         me.write_progress("wa", {"state": "idle"})
         assert me.worker_assignment("wa") == {}
+        admin.r.hset(admin.keys.job("j"), "generation", 1)  # as the controller assigns it
+        admin.r.hset(admin.keys.worker_assignment("wa"), mapping={"job": "j", "generation": 1})
+        assert me.heartbeat("wa", "j", 1).job == "j"
+        assert me.commit_checkpoint("j", 1, 10, "/ck/g1/step-10", wid="wa") == []
+        assert me.checkpoint_history("j")[0]["step"] == 10
+        me.add_event("j", {"reason": "TrainerStarted"})
+        assert me.job("j")["generation"] == "1"
+        # ... and nothing else
         denied = [
             lambda: me.r.hset(admin.keys.worker("wb"), "address", "10.6.6.6"),  # another worker
             lambda: me.r.hset(admin.keys.worker("wa-forged"), "joined_at", "1"),  # a name sharing its prefix
