@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from services.client import ApiError
 from services.paths import PathRefused, confine, confine_spec
 from services.spec import SpecError
 from tests.security.smallpool import SmallPool
