@@ -1,5 +1,6 @@
-"""An agent that only knows the controller's URL: it finds Redis through the controller,
-registers, heartbeats, serves its metrics, and deregisters when stopped."""
+"""An agent that only knows the controller's URL and the join token: it joins through the
+controller (which registers it and gives it its own Redis user), heartbeats, serves its
+metrics, and deregisters when stopped."""
 
 from __future__ import annotations
 
@@ -11,16 +12,16 @@ from services.procs import free_port
 from tests.integration.conftest import Proc, wait_until
 
 
-def test_agent_bootstraps_from_the_controller_and_deregisters(stack, tmp_path):
+def test_agent_joins_through_the_controller_and_deregisters(stack, tmp_path):
     port = free_port()
     agent = Proc("agent-boot", [sys.executable, "-m", "worker", "--controller", stack.controller.url,
-                                "--id", "boot-1", "--warm", "0", "--label", "rack=r7",
+                                "--join-token-file", str(stack.secrets.join_token_file), "--id", "boot-1", "--warm", "0", "--label", "rack=r7",
                                 "--metrics-port", str(port), "--run-dir", str(tmp_path)], tmp_path)
     try:
         def registered():
             return next((w for w in stack.client.workers() if w.id == "boot-1" and w.alive), None)
 
-        w = wait_until(registered, 30, "the agent to register through the controller")
+        w = wait_until(registered, 30, "the agent to join through the controller")
         assert w.state == "idle" and w.labels["rack"] == "r7" and w.labels["host"]
         text = wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/metrics").text, 10, "metrics")
         assert "meshkeeper_agent_heartbeats_total" in text
