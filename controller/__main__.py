@@ -25,11 +25,17 @@ def _port_range(text: str) -> tuple[int, int]:
     return lo, hi
 
 
+def _ranks(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: a quota is a number of ranks, 0 or more")
+    return int(text)
+
+
 def _quota(text: str) -> tuple[str, int]:
     owner, sep, n = text.partition("=")
-    if not (sep and owner and n.isdigit()):
+    if not (sep and owner):
         raise argparse.ArgumentTypeError(f"{text!r}: use OWNER=RANKS, like alice=16")
-    return owner, int(n)
+    return owner, _ranks(n)
 
 
 def _dirs(text: str | None) -> list[Path]:
@@ -68,7 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "None: specs may not set checkpoint.root")
     ap.add_argument("--quota", type=_quota, action="append", default=[],
                     help="OWNER=RANKS: most ranks OWNER's jobs may run at once; repeatable")
-    ap.add_argument("--default-quota", type=int, default=None,
+    ap.add_argument("--default-quota", type=_ranks, default=None, metavar="RANKS",
                     help="the quota of owners without --quota (default: unlimited)")
     ap.add_argument("--reserve-after", type=float, default=300.0,
                     help="seconds a waiting job that fits the pool lets later jobs start before it "
