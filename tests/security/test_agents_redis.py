@@ -8,6 +8,7 @@ warm trainers: nothing here trains), over real HTTP.
 
 from __future__ import annotations
 
+import sys
 import time
 
 import httpx
@@ -74,8 +75,8 @@ def test_a_join_without_the_join_token_is_refused_and_writes_nothing(api, admin,
 def test_an_agent_process_without_the_join_token_exits_and_is_not_listed(api, tmp_path):
     bad = tmp_path / "join-token"
     bad.write_text("guessed")
-    p = Proc("agent-guess", [*agent_argv(api.url, api.secrets, "guess", tmp_path)[:-12],
-                             "--join-token-file", str(bad), "--id", "guess", "--warm", "0", "--metrics-port", "0",
+    p = Proc("agent-guess", [sys.executable, "-m", "worker", "--controller", api.url, "--join-token-file",
+                             str(bad), "--id", "guess", "--warm", "0", "--metrics-port", "0",
                              "--run-dir", str(tmp_path / "w")], tmp_path)
     assert p.p.wait(30) != 0
     assert "refused the join (401)" in p.tail()
