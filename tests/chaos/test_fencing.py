@@ -32,14 +32,18 @@ def committed_on_disk(gen_dir: Path) -> list[int]:
 
 
 def test_partitioned_world_commits_and_deletes_nothing(stack, uninterrupted):
-    """The agents of generation 1 lose Redis (a proxy stops moving their bytes) and train on.
-    The controller recovers onto spares; when the link heals, generation 1 has moved no
-    pointer and deleted no checkpoint, its trainers stop, and generation 2 restored exactly
-    the checkpoint the pointer named at the cut."""
-    spec = mesh_spec("fence-partition", steps=40, parallel={"dp": 2})
+    """The agent of generation 1 loses Redis (a proxy stops moving its bytes) and its world
+    trains on. The controller recovers onto the spare; when the link heals, generation 1 has
+    moved no pointer and deleted no checkpoint, its trainer stops, and generation 2 restored
+    exactly the checkpoint the pointer named at the cut.
+
+    The world is one worker: with two, their last beats are up to a heartbeat apart, so the
+    controller may see one silent a pass before the other and recover twice (generation 2
+    then includes a worker that never hears of it), which is correct but not this test."""
+    spec = mesh_spec("fence-partition", steps=40, parallel={"dp": 1})
     spec["checkpoint"]["keep"] = 20  # no legitimate pruning here: any deletion is the old world's
     want = uninterrupted(spec)
-    cut_off = ["w0", "w1"]
+    cut_off = ["w0"]
     proxy = FaultProxy("127.0.0.1", stack.redis.port)
     try:
         for wid in cut_off:  # the same workers, now reaching Redis only through the proxy
