@@ -44,8 +44,9 @@ EXAMPLE_SPEC = {"name": "tiny", "model": {"preset": "tiny"}, "parallel": {"dp": 
                 "train": {"steps": 12, "global_batch": 16}}
 MAX_BODY = 1 << 20
 MAX_DEPTH = 32  # a job spec nests 3 levels; deeper JSON is an attack on the parser
-STREAM_ID_RE = re.compile(r"^\d+-\d+$")
+STREAM_ID_RE = re.compile(r"^[0-9]+-[0-9]+$")  # ASCII digits only (\d also matches '１')
 MAX_STREAM_PART = (1 << 64) - 1  # both halves of a Redis stream id are unsigned 64-bit
+LAST_STREAM_ID = f"{MAX_STREAM_PART}-{MAX_STREAM_PART}"  # nothing follows it (Redis refuses "(" it)
 # the mesh page's own origin only, and never inside a frame (clickjacking)
 PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
                 "object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
@@ -158,7 +159,9 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
 
     @app.get("/v1/jobs/{job_id}/events", tags=["jobs"], response_model=api.EventList, responses=denied,
              dependencies=[reader])
-    def job_events(job_id: str, after: Annotated[str, Query(description="a stream id")] = "-",
+    def job_events(job_id: str, after: Annotated[str, Query(
+                       description="the id of the last event already seen (like 1700000000000-0), or '-'",
+                       max_length=41)] = "-",
                    limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict:
         load_job(job_id)
         if after != "-" and not (STREAM_ID_RE.match(after)
@@ -166,6 +169,8 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
             raise ApiError(422, f"after={after!r} is not an event id",
                            [{"field": "query.after", "message": "use an event 'id' from an earlier "
                              "answer (like 1700000000000-0), or omit it"}])
+        if after == LAST_STREAM_ID:
+            return {"events": []}
         return {"events": ctl.store.events(job_id, after, limit)}
 
     @app.get("/v1/workers", tags=["workers"], response_model=api.WorkerList, responses=denied,

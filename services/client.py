@@ -3,6 +3,7 @@ message is one line a user can act on."""
 
 from __future__ import annotations
 
+import ssl
 from typing import Any, TypeVar
 
 import httpx
@@ -23,10 +24,11 @@ class ApiError(Exception):
 
 class Client:
     """`token`: the bearer token sent on every request (docs/security.md); None sends none,
-    which only /healthz and /readyz accept."""
+    which only /healthz and /readyz accept. `verify`: for HTTPS, an SSL context that trusts
+    the controller's certificate (default: the system CAs, or the file SSL_CERT_FILE names)."""
 
     def __init__(self, base_url: str = DEFAULT_URL, token: str | None = None, timeout: float = 10.0,
-                 transport: httpx.BaseTransport | None = None, verify: str | bool = True):
+                 transport: httpx.BaseTransport | None = None, verify: ssl.SSLContext | bool = True):
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport,

@@ -199,6 +199,22 @@ class Controller:
             return c.http.get("/healthz").json()
 
 
+class ApiStack:
+    """redis-server and one controller, no agents: for tests of the REST API alone."""
+
+    def __init__(self, work: Path):
+        self.secrets = TestSecrets.create(work / "secrets")
+        self.redis = RedisServer(work / "redis", self.secrets)
+        self.redis.work.mkdir(parents=True)
+        self.redis.start()
+        self.controller = Controller(self.redis.controller_url, work / "logs", "controller", self.secrets)
+        self.url = self.controller.url
+
+    def close(self) -> None:
+        stop_all([self.controller.proc.p], 5)
+        stop_all([self.redis.proc.p], 5)
+
+
 class Stack:
     def __init__(self, work: Path):
         self.work = work

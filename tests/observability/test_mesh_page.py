@@ -44,7 +44,9 @@ def test_mesh_page_follows_a_killed_rank_through_its_recovery(obs, browser, tmp_
     try:
         status = wait_until(lambda: (j := obs.client.job(job)).mesh.ranks and all(
             r.state == "running" for r in j.mesh.ranks) and j, 120, "all 4 ranks running")
-        browser.get(f"{obs.controller.url}/ui/?interval=250#/jobs/{job}")
+        # the viewer token in the fragment, as a user is given the page; the page keeps it in
+        # sessionStorage and drops it from the address bar
+        browser.get(f"{obs.controller.url}/ui/?interval=250#/jobs/{job}&token={obs.secrets.viewer_token}")
 
         # every rank at its coordinate, healthy, and the spare drawn apart
         def healthy_mesh():

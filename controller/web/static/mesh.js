@@ -1,5 +1,6 @@
 // The mesh page: polls the controller's REST API and redraws. No framework, no build step.
 // Data is put into the page with textContent only (job names and messages are user input).
+// Styles go through the CSSOM, never a style attribute: the page's CSP allows no inline style.
 "use strict";
 
 const params = new URLSearchParams(location.search);
@@ -8,12 +9,28 @@ const HISTORY = 2000; // chart points kept per job
 const STATES = ["healthy", "straggler", "dead", "recovering", "spare", "starting", "done", "stopped"];
 
 const view = { job: null, history: new Map(), events: [], lastEvent: "-" };
+const TOKEN_KEY = "meshkeeper-token";
+
+// The API token (viewer is enough) comes once in the URL fragment, which browsers never send
+// to a server: /ui/#token=T (also #/jobs/ID&token=T). It moves to sessionStorage (this tab
+// only) and out of the address bar and history; or the user pastes it into the form.
+function takeTokenFromFragment() {
+  const parts = location.hash.slice(1).split("&");
+  const given = parts.find((p) => p.startsWith("token="));
+  if (given === undefined) return;
+  sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(given.slice("token=".length)));
+  const rest = parts.filter((p) => p && !p.startsWith("token=")).join("&");
+  history.replaceState(null, "", location.pathname + location.search + (rest ? `#${rest}` : ""));
+}
+
+class Unauthorized extends Error {}
 
 function el(tag, attrs = {}, ...children) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) {
     if (k === "class") e.className = v;
     else if (k === "data") Object.entries(v).forEach(([dk, dv]) => (e.dataset[dk] = dv));
+    else if (k === "style") Object.assign(e.style, v);
     else e.setAttribute(k, v);
   }
   for (const c of children) e.append(c);
@@ -22,9 +39,29 @@ function el(tag, attrs = {}, ...children) {
 
 // Relative to the page (/ui/ -> ..), so the page also works behind a path-prefix proxy.
 async function get(path) {
-  const r = await fetch(new URL(`..${path}`, location.href), { cache: "no-store" });
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  const headers = token ? { Authorization: `Bearer ${token}` } : {};
+  const r = await fetch(new URL(`..${path}`, location.href), { cache: "no-store", headers });
+  if (r.status === 401 || r.status === 403) {
+    throw new Unauthorized(token ? "this token may not read jobs (it needs the viewer role)" : "an API token is needed");
+  }
   if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
   return r.json();
+}
+
+function askForToken(reason) {
+  const form = document.getElementById("login");
+  document.getElementById("status").textContent = reason;
+  if (!form.hidden) return;
+  form.hidden = false;
+  form.onsubmit = (ev) => {
+    ev.preventDefault();
+    const input = document.getElementById("token");
+    sessionStorage.setItem(TOKEN_KEY, input.value.trim());
+    input.value = "";
+    form.hidden = true;
+    refresh();
+  };
 }
 
 // What a cell shows: the rank's reported state, read in the light of the job's phase.
@@ -76,7 +113,7 @@ function renderMesh(job) {
   const byCoord = new Map(job.mesh.ranks.map((r) => [`${r.coord.dp},${r.coord.pp},${r.coord.tp}`, r]));
   const replicas = [];
   for (let d = 0; d < dp; d++) {
-    const grid = el("div", { class: "grid", style: `grid-template-columns: repeat(${tp}, auto)` });
+    const grid = el("div", { class: "grid", style: { gridTemplateColumns: `repeat(${tp}, auto)` } });
     for (let p = 0; p < pp; p++) {
       for (let t = 0; t < tp; t++) {
         const r = byCoord.get(`${d},${p},${t}`);
@@ -95,7 +132,7 @@ function renderMesh(job) {
   }
   const spares = job.mesh.spares || [];
   if (spares.length) {
-    const grid = el("div", { class: "grid", style: `grid-template-columns: repeat(${spares.length}, auto)` },
+    const grid = el("div", { class: "grid", style: { gridTemplateColumns: `repeat(${spares.length}, auto)` } },
       ...spares.map((w) => el("div", { class: "cell state-spare", data: { state: "spare", worker: w },
         title: `spare worker ${w}` }, el("b", {}, "spare"), el("div", { class: "sub" }, w))));
     replicas.push(el("div", { class: "replica spares" }, el("h4", {}, "spares"), grid));
@@ -196,7 +233,8 @@ async function tick() {
     status.textContent = `updated ${new Date().toLocaleTimeString()}`;
     document.body.dataset.updated = String(Date.now());
   } catch (err) {
-    status.textContent = `controller unreachable (${err.message}); retrying`;
+    if (err instanceof Unauthorized) askForToken(err.message);
+    else status.textContent = `controller unreachable (${err.message}); retrying`;
   }
 }
 
@@ -209,7 +247,12 @@ async function refresh() {
   if (again) { again = false; refresh(); }
 }
 
-window.addEventListener("hashchange", () => { const id = selectedFromHash(); if (id) { select(id); refresh(); } });
+window.addEventListener("hashchange", () => {
+  takeTokenFromFragment();
+  const id = selectedFromHash();
+  if (id) { select(id); refresh(); }
+});
+takeTokenFromFragment();
 renderLegend();
 refresh();
 setInterval(refresh, INTERVAL_MS);

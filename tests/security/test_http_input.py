@@ -1,0 +1,122 @@
+"""Hostile HTTP input against a real controller process: a cross-site form post, deep JSON,
+bodies past the limit (declared or streamed), malformed cursors, and the page's security
+headers. Each gets its 4xx with the usual error document, never a 500 or a 503."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import httpx
+import pytest
+
+from controller.app import MAX_BODY, MAX_DEPTH
+from tests.stack import ApiStack, tiny_spec
+
+JSON = {"Content-Type": "application/json"}
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory) -> ApiStack:
+    s = ApiStack(tmp_path_factory.mktemp("http-input"))
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def http(api) -> httpx.Client:
+    with api.controller.client() as c:  # admin: every refusal below is about the input
+        yield c.http
+
+
+def refused(r: httpx.Response, status: int, words: str) -> dict:
+    assert r.status_code == status, r.text
+    doc = r.json()
+    assert set(doc) == {"detail", "problems"} and words in doc["detail"], doc
+    return doc
+
+
+def test_a_cross_site_text_plain_post_gets_415(api, http):
+    """What an HTML form on another site can send without a CORS preflight: text/plain (or a
+    form encoding) carrying JSON. Even with a token it is refused, and no job appears."""
+    body = json.dumps(tiny_spec("csrf"))
+    before = len(http.get("/v1/jobs").json()["jobs"])
+    for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        r = http.post("/v1/jobs", content=body, headers={"Content-Type": ctype, "Origin": "https://evil.example"})
+        doc = refused(r, 415, "Content-Type: application/json")
+        assert doc["problems"][0]["field"] == "header.content-type"
+    r = http.post("/v1/jobs", content=body, headers={"Content-Type": ""})
+    refused(r, 415, "application/json")
+    # the browser's form post carries no bearer token at all: refused before the body is read
+    assert httpx.post(api.url + "/v1/jobs", content=body, headers={"Content-Type": "text/plain"}).status_code == 401
+    assert len(http.get("/v1/jobs").json()["jobs"]) == before
+
+
+def test_json_with_a_charset_is_json(http):
+    r = http.post("/v1/jobs", content=json.dumps(tiny_spec("charset")).encode(),
+                  headers={"Content-Type": "application/json; charset=utf-8"})
+    assert r.status_code == 201, r.text
+    assert http.delete(f"/v1/jobs/{r.json()['id']}").status_code == 202
+
+
+def nest(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("body", [nest(MAX_DEPTH + 1), nest(10_000), nest(200_000),
+                                  '{"name": "deep", "model": ' + '{"a": ' * MAX_DEPTH + "1" + "}" * MAX_DEPTH + "}"],
+                         ids=["limit+1", "10k", "200k", "in-a-spec"])
+def test_nested_json_gets_422(http, body):
+    """Past MAX_DEPTH, and far past the parser's own recursion limit (which used to be a 500)."""
+    doc = refused(http.post("/v1/jobs", content=body, headers=JSON), 422, f"deeper than {MAX_DEPTH}")
+    assert doc["problems"][0]["field"] == "(body)"
+
+
+def test_a_spec_at_the_depth_limit_is_judged_as_a_spec(http):
+    shallow = {**tiny_spec("shallow"), "colour": json.loads("[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1))}
+    doc = refused(http.post("/v1/jobs", json=shallow), 422, "invalid job spec")
+    assert [p["field"] for p in doc["problems"]] == ["colour"]
+
+
+def test_a_declared_oversized_body_is_refused_unread(api):
+    """Only the headers are sent: the answer comes without waiting for the promised bytes."""
+    host, port = api.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(f"POST /v1/jobs HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                     f"Authorization: Bearer {api.secrets.admin_token}\r\n"
+                     f"Content-Length: {MAX_BODY + 1}\r\n\r\n".encode())
+        answer = b""
+        while not answer.endswith(b"}") and (chunk := sock.recv(65536)):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 413"), answer
+    assert f"limit is {MAX_BODY}".encode() in answer
+
+
+def test_a_streamed_oversized_body_is_cut_off(http):
+    """Chunked, with no Content-Length: the limit holds while the body streams in."""
+    def chunks():
+        for _ in range(4 * MAX_BODY // 65536):
+            yield b" " * 65536
+    refused(http.post("/v1/jobs", content=chunks(), headers=JSON), 413, "over the limit")
+
+
+@pytest.mark.parametrize("after", ["9" * 40 + "-0", "1-" + "9" * 21, "18446744073709551616-0", "yesterday",
+                                   "1-2-3", "-1-0", "１-0"])
+def test_bad_event_cursors_get_422(api, http, after):
+    jid = http.post("/v1/jobs", json=tiny_spec("cursor")).json()["id"]
+    try:
+        doc = refused(http.get(f"/v1/jobs/{jid}/events", params={"after": after}), 422, "after")
+        assert [p["field"] for p in doc["problems"]] == ["query.after"]
+        largest = f"{(1 << 64) - 1}-{(1 << 64) - 1}"
+        assert http.get(f"/v1/jobs/{jid}/events", params={"after": largest}).json() == {"events": []}
+    finally:
+        http.delete(f"/v1/jobs/{jid}")
+
+
+def test_the_page_has_security_headers(api):
+    for path in ("/ui/", "/ui/mesh.js"):
+        h = httpx.get(api.url + path).headers
+        csp = h["Content-Security-Policy"]
+        assert "default-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-inline" not in csp
+        assert h["X-Content-Type-Options"] == "nosniff" and h["X-Frame-Options"] == "DENY"
+    assert httpx.get(api.url + "/healthz").headers["X-Content-Type-Options"] == "nosniff"
