@@ -18,13 +18,15 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 import redis
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from controller import agents_api, jobs, web
 from controller.admission import admit
@@ -44,9 +46,11 @@ EXAMPLE_SPEC = {"name": "tiny", "model": {"preset": "tiny"}, "parallel": {"dp": 
                 "train": {"steps": 12, "global_batch": 16}}
 MAX_BODY = 1 << 20
 MAX_DEPTH = 32  # a job spec nests 3 levels; deeper JSON is an attack on the parser
-STREAM_ID_RE = re.compile(r"^[0-9]+-[0-9]+$")  # ASCII digits only (\d also matches '１')
-MAX_STREAM_PART = (1 << 64) - 1  # both halves of a Redis stream id are unsigned 64-bit
-LAST_STREAM_ID = f"{MAX_STREAM_PART}-{MAX_STREAM_PART}"  # nothing follows it (Redis refuses "(" it)
+# documented in the OpenAPI schema, enforced by load_job (with a message that says the fix)
+JobId = Annotated[str, Path(json_schema_extra={"pattern": JOB_ID_RE.pattern, "maxLength": 80})]
+# ASCII digits only (\d also matches '１'), at most 20 each: a stream id is two unsigned 64-bit halves
+STREAM_ID_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
+MAX_STREAM_PART = (1 << 64) - 1
 # the mesh page's own origin only, and never inside a frame (clickjacking)
 PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
                 "object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
@@ -130,7 +134,8 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
 
     @app.get("/v1/jobs", tags=["jobs"], response_model=api.JobList, responses=denied,
              dependencies=[reader])
-    def list_jobs(phase: Annotated[str | None, Query(description=f"one of {', '.join(PHASES)}")] = None,
+    def list_jobs(phase: Annotated[str | None, Query(description=f"one of {', '.join(PHASES)}",
+                                                     json_schema_extra={"enum": list(PHASES)})] = None,
                   limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict:
         if phase is not None and phase not in PHASES:
             raise ApiError(422, f"unknown phase {phase!r}",
@@ -142,12 +147,12 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
 
     @app.get("/v1/jobs/{job_id}", tags=["jobs"], response_model=api.JobStatus, responses=denied,
              dependencies=[reader])
-    def get_job(job_id: str) -> dict:
+    def get_job(job_id: JobId) -> dict:
         return job_status(ctl.store, load_job(job_id), alive_s)
 
     @app.delete("/v1/jobs/{job_id}", status_code=202, tags=["jobs"], response_model=api.CancelAccepted,
                 responses=denied)
-    def cancel_job(job_id: str, who: Principal = submitter) -> dict:
+    def cancel_job(job_id: JobId, who: Principal = submitter) -> dict:
         """Request cancellation; the lease holder stops every rank and frees the workers.
         A submitter cancels only its own jobs; an admin any."""
         job = load_job(job_id)
@@ -159,19 +164,21 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
 
     @app.get("/v1/jobs/{job_id}/events", tags=["jobs"], response_model=api.EventList, responses=denied,
              dependencies=[reader])
-    def job_events(job_id: str, after: Annotated[str, Query(
+    def job_events(job_id: JobId, after: Annotated[str, Query(
                        description="the id of the last event already seen (like 1700000000000-0), or '-'",
-                       max_length=41)] = "-",
+                       json_schema_extra={"pattern": f"^(-|{STREAM_ID_RE.pattern[1:-1]})$"})] = "-",
                    limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict:
         load_job(job_id)
-        if after != "-" and not (STREAM_ID_RE.match(after)
-                                 and all(int(x) <= MAX_STREAM_PART for x in after.split("-"))):
+        if after == "-":
+            return {"events": ctl.store.events(job_id, after, limit)}
+        if not STREAM_ID_RE.match(after):
             raise ApiError(422, f"after={after!r} is not an event id",
                            [{"field": "query.after", "message": "use an event 'id' from an earlier "
                              "answer (like 1700000000000-0), or omit it"}])
-        if after == LAST_STREAM_ID:
-            return {"events": []}
-        return {"events": ctl.store.events(job_id, after, limit)}
+        ms, seq = (int(x) for x in after.split("-"))
+        if ms > MAX_STREAM_PART or (ms == MAX_STREAM_PART and seq >= MAX_STREAM_PART):
+            return {"events": []}  # nothing can follow (and Redis refuses such a bound)
+        return {"events": ctl.store.events(job_id, f"{ms}-{min(seq, MAX_STREAM_PART)}", limit)}
 
     @app.get("/v1/workers", tags=["workers"], response_model=api.WorkerList, responses=denied,
              dependencies=[reader])
@@ -306,7 +313,13 @@ def _install_error_handlers(app: FastAPI) -> None:
             detail = f"no such endpoint: {request.method} {request.url.path}; see /docs"
         elif e.status_code == 405:
             detail = f"{request.method} is not allowed on {request.url.path}; see /docs"
-        return _error(e.status_code, str(detail))
+        response = _error(e.status_code, str(detail))
+        response.headers.update(e.headers or {})
+        if e.status_code == 405:  # every method of the path (starlette names one route's only)
+            response.headers["Allow"] = ", ".join(sorted(
+                {m for r in request.app.router.routes if isinstance(r, APIRoute)
+                 and r.matches(request.scope)[0] != Match.NONE for m in r.methods}))
+        return response
 
     @app.exception_handler(redis.RedisError)
     async def redis_down(_: Request, e: redis.RedisError) -> JSONResponse:

@@ -57,7 +57,8 @@ class ModelSpec(Strict):
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("preset") in PRESETS:
+        # a non-string preset (a list, a dict: unhashable) is left to the field's own check
+        if isinstance(data, dict) and isinstance(data.get("preset"), str) and data["preset"] in PRESETS:
             return {**PRESETS[data["preset"]], **data}
         return data
 

@@ -100,17 +100,26 @@ def test_a_streamed_oversized_body_is_cut_off(http):
     refused(http.post("/v1/jobs", content=chunks(), headers=JSON), 413, "over the limit")
 
 
-@pytest.mark.parametrize("after", ["9" * 40 + "-0", "1-" + "9" * 21, "18446744073709551616-0", "yesterday",
-                                   "1-2-3", "-1-0", "１-0"])
-def test_bad_event_cursors_get_422(api, http, after):
+@pytest.fixture(scope="module")
+def job(http) -> str:
     jid = http.post("/v1/jobs", json=tiny_spec("cursor")).json()["id"]
-    try:
-        doc = refused(http.get(f"/v1/jobs/{jid}/events", params={"after": after}), 422, "after")
-        assert [p["field"] for p in doc["problems"]] == ["query.after"]
-        largest = f"{(1 << 64) - 1}-{(1 << 64) - 1}"
-        assert http.get(f"/v1/jobs/{jid}/events", params={"after": largest}).json() == {"events": []}
-    finally:
-        http.delete(f"/v1/jobs/{jid}")
+    yield jid
+    http.delete(f"/v1/jobs/{jid}")
+
+
+@pytest.mark.parametrize("after", ["9" * 40 + "-0", "1-" + "9" * 21, "yesterday", "", "1-2-3", "-1-0", "１-0"])
+def test_bad_event_cursors_get_422(http, job, after):
+    doc = refused(http.get(f"/v1/jobs/{job}/events", params={"after": after}), 422, "is not an event id")
+    assert [p["field"] for p in doc["problems"]] == ["query.after"]
+
+
+@pytest.mark.parametrize("after", [f"{(1 << 64) - 1}-{(1 << 64) - 1}", "18446744073709551616-0",
+                                   "99999999999999999999-99999999999999999999"])
+def test_cursors_past_the_last_possible_event_id_see_nothing(http, job, after):
+    """Well-formed, but at or past 2^64-1 - 2^64-1, which Redis refuses as a bound (it was a 503)."""
+    assert http.get(f"/v1/jobs/{job}/events", params={"after": after}).json() == {"events": []}
+    first = http.get(f"/v1/jobs/{job}/events").json()["events"][0]["id"]
+    assert http.get(f"/v1/jobs/{job}/events", params={"after": "0-0"}).json()["events"][0]["id"] == first
 
 
 def test_the_page_has_security_headers(api):
@@ -120,3 +129,11 @@ def test_the_page_has_security_headers(api):
         assert "default-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-inline" not in csp
         assert h["X-Content-Type-Options"] == "nosniff" and h["X-Frame-Options"] == "DENY"
     assert httpx.get(api.url + "/healthz").headers["X-Content-Type-Options"] == "nosniff"
+
+
+@pytest.mark.parametrize("preset", [{}, [], ["tiny"], 7])
+def test_a_preset_of_the_wrong_type_gets_422(http, preset):
+    """Found by schemathesis: an unhashable preset was looked up in the preset table (a 500)."""
+    doc = refused(http.post("/v1/jobs", json={**tiny_spec("preset"), "model": {"preset": preset}}), 422,
+                  "invalid job spec")
+    assert "model.preset" in [p["field"] for p in doc["problems"]], doc
