@@ -23,8 +23,7 @@ def local_stack(workers: int, warm: int = 1) -> Iterator[tuple[LocalStack, Clien
         stack = LocalStack(StackConfig(workers=workers, port=free_port(), run_dir=Path(d), warm=warm))
         try:
             stack.start()
-            token = (stack.cfg.run_dir / "secrets" / "api-token").read_text().strip()  # up's admin token
-            with Client(stack.url, token) as client:
+            with Client(stack.url, stack.secrets.admin_token) as client:
                 yield stack, client
         finally:
             stack.stop()
