@@ -81,3 +81,31 @@ def test_mesh_page_follows_a_killed_rank_through_its_recovery(obs, browser, tmp_
         assert not errors, f"the page logged errors: {errors}"
     finally:
         obs.client.cancel(job)
+
+
+def test_mesh_page_asks_for_a_token_and_keeps_it_out_of_the_url(obs, browser):
+    """Without a token the page shows nothing but a token field; a pasted viewer token is sent
+    as a bearer token (the job appears); a token given in the fragment leaves the address bar."""
+    job = obs.client.submit(tiny_spec("obs-token", train={"steps": 2000})).id
+    try:
+        from selenium.webdriver.common.by import By
+
+        listed = "return [...document.querySelectorAll('#job-list li')].map(li => li.dataset.job)"
+        browser.get(f"{obs.controller.url}/ui/?interval=250")
+        form = wait_until(lambda: (f := browser.find_element(By.ID, "login")).is_displayed() and f, 30,
+                          "the token field")
+        assert browser.execute_script(listed) == []
+        assert "token" in browser.find_element(By.ID, "status").text
+        browser.find_element(By.ID, "token").send_keys(obs.secrets.viewer_token)
+        form.submit()
+        wait_until(lambda: job in browser.execute_script(listed), 30, "the job listed with the pasted token")
+        assert not browser.find_element(By.ID, "login").is_displayed()
+
+        browser.execute_script("sessionStorage.clear()")
+        browser.get(f"{obs.controller.url}/ui/?interval=250#/jobs/{job}&token={obs.secrets.viewer_token}")
+        wait_until(lambda: job in browser.execute_script(listed), 30, "the job listed with the fragment token")
+        assert obs.secrets.viewer_token not in browser.current_url
+        assert browser.current_url.endswith(f"#/jobs/{job}")
+        assert browser.execute_script("return sessionStorage.getItem('meshkeeper-token')") == obs.secrets.viewer_token
+    finally:
+        obs.client.cancel(job)

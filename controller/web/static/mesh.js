@@ -230,6 +230,7 @@ async function tick() {
         await pullEvents(id);
       }
     }
+    document.getElementById("login").hidden = true; // a tick that began before the token came may have shown it
     status.textContent = `updated ${new Date().toLocaleTimeString()}`;
     document.body.dataset.updated = String(Date.now());
   } catch (err) {
