@@ -189,9 +189,10 @@ def controller_acl(prefix: str) -> list[str]:
 
 
 def agent_acl(prefix: str, wid: str) -> list[str]:
-    """An agent's rules: read/write only its own keys, read (never write) what the controller
-    writes for it and the job keys, append job events, beat in `workers:seen`. Redis checks
-    commands a script runs against these too, so they cover HEARTBEAT and CHECKPOINT_CAS."""
+    """An agent's rules: read/write only its own keys (registration, progress, probe result,
+    metrics endpoint), read (never write) what the controller writes for it and the job keys,
+    append job events, beat in `workers:seen`. Redis checks commands a script runs against
+    these too, so they cover HEARTBEAT and CHECKPOINT_CAS."""
     if not WORKER_ID_RE.match(wid) or not PREFIX_RE.match(prefix):
         raise ValueError(f"worker id {wid!r} / prefix {prefix!r} not allowed in an ACL pattern")
     me = f"{prefix}worker:{wid}"
@@ -199,7 +200,8 @@ def agent_acl(prefix: str, wid: str) -> list[str]:
             "+ping", "+time", "+hello", "+auth",
             "+evalsha", "+eval", "+script|load", "+subscribe", "+unsubscribe", "+multi", "+exec", "+discard",
             "+hget", "+hgetall", "+hmget", "+hset", "+del", "+zadd", "+zrem", "+xadd",
-            f"%RW~{me}", f"%RW~{me}:progress", f"%RW~{me}:probe",
+            "+set",  # worker:{wid}:metrics, the endpoint it advertises (services/discovery.py)
+            f"%RW~{me}", f"%RW~{me}:progress", f"%RW~{me}:probe", f"%RW~{me}:metrics",
             f"%R~{me}:assignment", f"%R~{me}:health",  # controller-written: read only
             f"%RW~{prefix}workers:seen",
             # one pattern must grant all a command needs: the CAS (EVALSHA) needs RW on its key

@@ -62,7 +62,7 @@ def test_http_service_discovery_lists_every_agent_for_prometheus(obs, promtool, 
     config.write_text(json.dumps({"scrape_configs": [{
         "job_name": "meshkeeper-worker",
         "http_sd_configs": [{"url": f"{obs.controller.url}/v1/sd/workers", "refresh_interval": "5s",
-                             "authorization": {"credentials": obs.secrets.scrape_token}}]}]}))
+                             "authorization": {"type": "Bearer", "credentials": obs.secrets.scrape_token}}]}]}))
     out = subprocess.run([promtool, "check", "service-discovery", str(config), "meshkeeper-worker",
                           "--timeout=3s"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -17,6 +17,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from services import discovery
 from services.store import Store, agent_user
 from tests.stack import ApiStack, Proc, agent_argv, tiny_spec, wait_until
 
@@ -103,6 +104,7 @@ def test_a_join_registers_the_worker_and_gives_it_its_own_redis_user(api, admin)
         assert me.commit_checkpoint("j", 1, 10, "/ck/g1/step-10", wid="wa") == []
         assert me.checkpoint_history("j")[0]["step"] == 10
         me.add_event("j", {"reason": "TrainerStarted"})
+        discovery.advertise(me, "wa", "127.0.0.1:9400")
         assert me.job("j")["generation"] == "1"
         # ... and nothing else
         denied = [
