@@ -85,7 +85,7 @@ def test_up_generates_its_secrets_private_and_consistent(local):
     assert auth.join_sha256 and local.secrets.join_token not in files["auth.json"].read_text()
 
 
-def test_up_redis_requires_auth_and_keeps_agent_users_across_a_restart(local):
+def test_up_redis_requires_auth_and_keeps_agent_users_and_transactions_across_a_restart(local):
     local._start_redis(20)
     port = int(local.redis_argv[2])
     anonymous = redis.Redis(port=port, socket_timeout=2)
@@ -103,6 +103,11 @@ def test_up_redis_requires_auth_and_keeps_agent_users_across_a_restart(local):
     wait_until(lambda: local.procs["redis"].poll() is not None, 10, "redis-server to die")
     local.check()
     assert local.procs["redis"].pid != old
+    admin = Store(local.redis_url)
+    try:  # the registration was one MULTI/EXEC: replayed from the AOF like any other write
+        assert admin.workers(["w0"])["w0"]["joined_at"]
+    finally:
+        admin.close()
     agent = Store(agent_url)
     try:
         assert agent.heartbeat("w0").time > 0  # its user came back from the aclfile
