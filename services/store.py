@@ -212,10 +212,11 @@ def agent_acl(prefix: str, wid: str) -> list[str]:
 def acl_file(prefix: str, admin_password: str, controller_password: str) -> str:
     """The users file (redis-server --aclfile) of a fresh Redis: default off, admin and
     controller. Agent users are added at runtime and kept by ACL SAVE."""
-    # `default` is off: no connection can be it. It keeps every permission all the same:
-    # redis-server 7.0 replays the AOF as `default`, and re-checks each MULTI/EXEC block (all
-    # script effects and pipelines are logged as one) against its rules; with -@all a restart
-    # would silently drop every transaction.
+    # `default` is off: no connection can authenticate as it. It keeps every permission all
+    # the same: with `default` at -@all, redis-server 7.0.15 restarted under `meshkeeper up`
+    # refused MULTI/EXEC blocks while replaying its AOF ("NOPERM ACLs rules changed between
+    # the moment the transaction was accumulated and the EXEC call"), and a running job
+    # vanished; with full permissions no ACL can refuse the replay.
     return "\n".join([
         "user default off ~* &* +@all",
         f"user admin on {acl_password(admin_password)} ~* &* +@all",

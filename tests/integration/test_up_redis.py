@@ -104,7 +104,7 @@ def test_up_redis_requires_auth_and_keeps_agent_users_and_transactions_across_a_
     local.check()
     assert local.procs["redis"].pid != old
     admin = Store(local.redis_url)
-    try:  # the registration was one MULTI/EXEC: replayed from the AOF like any other write
+    try:  # the registration was one MULTI/EXEC, replayed from the AOF
         assert admin.workers(["w0"])["w0"]["joined_at"]
     finally:
         admin.close()
