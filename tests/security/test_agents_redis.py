@@ -25,13 +25,6 @@ BODY = {"host": "h1", "address": "127.0.0.1", "devices": 1, "memory_bytes": 1 <<
         "device_kind": "cpu", "pid": 4242}
 
 
-@pytest.fixture(scope="module")
-def api(tmp_path_factory):
-    s = ApiStack(tmp_path_factory.mktemp("agents-redis"))
-    yield s
-    s.close()
-
-
 @pytest.fixture
 def admin(api):
     s = Store(api.redis.url)

@@ -42,13 +42,6 @@ JOIN_BODY = {"id": "w-auth-test", "host": "h", "address": "127.0.0.1", "devices"
 
 
 @pytest.fixture(scope="module")
-def api(tmp_path_factory) -> ApiStack:
-    s = ApiStack(tmp_path_factory.mktemp("api-auth"))
-    yield s
-    s.close()
-
-
-@pytest.fixture(scope="module")
 def job(api) -> str:
     """A job of the admin's (nothing runs it: no agents), cancelled at the end."""
     with api.controller.client() as c:

@@ -11,16 +11,9 @@ import httpx
 import pytest
 
 from controller.app import MAX_BODY, MAX_DEPTH
-from tests.stack import ApiStack, tiny_spec
+from tests.stack import tiny_spec
 
 JSON = {"Content-Type": "application/json"}
-
-
-@pytest.fixture(scope="module")
-def api(tmp_path_factory) -> ApiStack:
-    s = ApiStack(tmp_path_factory.mktemp("http-input"))
-    yield s
-    s.close()
 
 
 @pytest.fixture(scope="module")

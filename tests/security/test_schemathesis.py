@@ -14,22 +14,14 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import schemathesis
 from schemathesis.config import SchemathesisConfig
 from schemathesis.engine import Status, events
 
-from tests.stack import ApiStack, wait_until
+from tests.stack import wait_until
 
 MAX_EXAMPLES = 20  # per operation and phase: about a minute on 2 cores
 OPEN = ("Pending", "Running", "Recovering")
-
-
-@pytest.fixture(scope="module")
-def api(tmp_path_factory) -> ApiStack:
-    s = ApiStack(tmp_path_factory.mktemp("schemathesis"))
-    yield s
-    s.close()
 
 
 def config(token: str) -> SchemathesisConfig:
