@@ -8,11 +8,12 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 import tomllib
 
 import pytest
 import yaml
+
+from tests.stack import wait_until
 
 import deploytools as dt
 
@@ -217,12 +218,7 @@ def test_compose_secrets_are_generated_kept_given_and_handed_out(tmp_path):
     try:
         url = read["controller/redis-url"].replace("@redis:6379", f"@127.0.0.1:{port}")
         ctl = redislib.Redis.from_url(url)
-        for _ in range(100):
-            try:
-                ctl.ping()
-                break
-            except redislib.ConnectionError:
-                time.sleep(0.05)
+        wait_until(ctl.ping, 5, "redis-server to answer")
         with pytest.raises(redislib.AuthenticationError):
             redislib.Redis(port=port).ping()
         ctl.set("mk:k", 1)

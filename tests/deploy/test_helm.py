@@ -7,11 +7,12 @@ import json
 import os
 import shutil
 import subprocess
-import time
 
 import jsonschema
 import pytest
 import yaml
+
+from tests.stack import wait_until
 
 import deploytools as dt
 
@@ -362,12 +363,7 @@ def test_redis_starts_with_auth_required_and_keeps_joined_agents(tmp_path):
         proc = subprocess.Popen([redis_server, "--port", str(port), "--bind", "127.0.0.1", *args],
                                 stdout=subprocess.DEVNULL, cwd=data)
         r = redislib.Redis(port=port, username="admin", password=admin, decode_responses=True)
-        for _ in range(100):
-            try:
-                r.ping()
-                break
-            except redislib.ConnectionError:
-                time.sleep(0.05)
+        wait_until(r.ping, 5, "redis-server to answer")
         return proc, port, r
 
     proc, port, admin = start("admin-pw-1", "ctl-pw-1")
