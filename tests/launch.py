@@ -42,7 +42,10 @@ def run_trainer(spec: dict, directory: Path, *, extra: list[str] = (), timeout: 
     proc = subprocess.run(trainer_command(spec, directory, extra), cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
-        raise AssertionError(f"trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+        # torchrun names the first rank that failed; its own lines get lost behind the others'
+        first = "\n".join(line for line in proc.stderr.splitlines() if line.startswith("[rank0]"))[-3000:]
+        raise AssertionError(f"trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                             f"rank 0:\n{first}\nlast lines:\n{proc.stderr[-6000:]}")
     return proc
 
 

@@ -116,8 +116,15 @@ def test_up_starts_the_stack_and_stops_it_completely(tmp_path, redis_server, own
         logs = {p.name for p in (tmp_path / "run" / "logs").iterdir()}
         assert {"controller.log", "worker-w0.log", "worker-w1.log"} <= logs
         assert ("redis.log" in logs) == own_redis
+        # `ready` can answer before `up` has printed its summary: read up to it before stopping
+        printed = []
+        while not any("export MESHKEEPER_URL" in line for line in printed):
+            line = up.stdout.readline()
+            assert line, f"up ended before printing its exports: {''.join(printed)}"
+            printed.append(line)
         up.send_signal(signal.SIGTERM)
-        out, _ = up.communicate(timeout=30)
+        rest, _ = up.communicate(timeout=30)
+        out = "".join(printed) + rest
         assert up.returncode == 0, out
         assert "Traceback" not in out
         assert f"export MESHKEEPER_URL=http://127.0.0.1:{port} MESHKEEPER_TOKEN_FILE={token}" in out
