@@ -145,7 +145,11 @@ def run(args: argparse.Namespace) -> int:
         rendezvous_at = time.time()
         metrics.write({"event": "rendezvous", "rendezvous_at": rendezvous_at})
         trainer = Trainer(spec, ctx)
-        if args.metrics_out:  # collective progress for the agent, next to this rank's metrics
+        # Collective progress for the agent, next to this rank's own metrics file. Only with a
+        # per-rank template: without '{rank}' every rank would map the same file and truncate
+        # it under the others (SIGBUS, "mmap length is greater than file size"), and no agent
+        # reads it there anyway.
+        if args.metrics_out and "{rank}" in args.metrics_out:
             trainer.collectives = Collectives(counters_path(args.metrics_out.replace("{rank}", str(rank))))
         say = print if rank == 0 else (lambda *a, **k: None)
         floor = trainer.batches.entropy_floor()

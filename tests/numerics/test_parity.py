@@ -48,5 +48,8 @@ def test_loss_parity(layout, reference, tmp_path):
     spec["parallel"] = LAYOUTS[layout]
     records = train(spec, tmp_path)
     assert [r["step"] for r in records] == list(range(STEPS))
+    # one metrics file for every rank: no shared collective-counter file (each rank truncating
+    # the one the others had mapped killed ranks with SIGBUS; worker/train.py)
+    assert not (tmp_path / "steps.jsonl.collectives").exists()
     for step, (got, want) in enumerate(zip((r["loss"] for r in records), reference)):
         assert got == pytest.approx(want, rel=1e-5), f"{layout}: step {step} loss {got!r} vs single {want!r}"
