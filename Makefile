@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml Makefile
 		(apt-get update -q && apt-get install -y -q chromium chromium-driver)
 	touch $@
 
-# The local stack (redis-server, controller, 8 agents), a 3D job (dp2 x pp2 x tp2 + 1 spare),
+# The local stack (redis-server, controller, 9 agents), a 3D job (dp2 x pp2 x tp2 + 1 spare),
 # a rank killed mid-run, the recovery, and a summary; everything is stopped at the end.
 demo: $(STAMP)
 	$(BIN)/meshkeeper demo

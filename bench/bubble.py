@@ -1,7 +1,7 @@
 """Measured pipeline bubble vs the theory (K-1)/(M+K-1), for pp K and M microbatches.
 
 A rank's bubble is the share of its step it spent blocked rather than computing
-(worker/timing.py: CPU demand vs wall time), averaged over ranks and steps.
+(worker/trainer/timing.py: CPU demand vs wall time), averaged over ranks and steps.
 
     .venv/bin/python bench/bubble.py [--steps 8]
 """
@@ -21,13 +21,20 @@ def main() -> None:
     print(f"{'schedule':<10}{'pp':>3}{'M':>4}{'theory':>9}{'measured':>10}{'ratio':>7}")
     for pp in (2, 4):
         for m in (pp, 2 * pp, 4 * pp):
-            spec = {"name": "bubble", "model": {"preset": "tiny", "layers": 8, "seq_len": 64},
-                    "parallel": {"pp": pp, "microbatches": m, "pp_schedule": "1f1b"},
-                    "train": {"steps": args.steps, "global_batch": 4 * m, "lr": 1e-3}}
-            recs = [r for r in train_records(spec, per_rank=True) if r["step"] >= WARMUP]
+            spec = {
+                "name": "bubble",
+                "model": {"preset": "tiny", "layers": 8, "seq_len": 64},
+                "parallel": {"pp": pp, "microbatches": m, "pp_schedule": "1f1b"},
+                "train": {"steps": args.steps, "global_batch": 4 * m, "lr": 1e-3},
+            }
+            recs = [r for r in train_records(spec, per_rank=True) if r["step"] > WARMUP]
             measured = statistics.mean(r["wait_s"] / r["step_s"] for r in recs)
             theory = (pp - 1) / (m + pp - 1)
-            print(f"{'1f1b':<10}{pp:>3}{m:>4}{theory:>9.3f}{measured:>10.3f}{measured / theory:>7.2f}", flush=True)
+            print(
+                f"{'1f1b':<10}{pp:>3}{m:>4}{theory:>9.3f}{measured:>10.3f}"
+                f"{measured / theory:>7.2f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,14 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
 def torchrun(nproc: int, target: list[str]) -> str:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *target]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        *target,
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"benchmark run failed: {' '.join(target)}\n{proc.stderr[-3000:]}")
@@ -36,7 +43,21 @@ def train_records(spec: dict, per_rank: bool = False) -> list[dict]:
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
         out = d / ("steps-{rank}.jsonl" if per_rank else "steps.jsonl")
-        torchrun(nproc, ["-m", "worker.train", "--spec", str(spec_file(spec, d)),
-                         "--metrics-out", str(out), "--quiet"])
-        return [r for f in sorted(d.glob("steps*.jsonl")) for r in map(json.loads, f.read_text().splitlines())
-                if "step" in r]
+        torchrun(
+            nproc,
+            [
+                "-m",
+                "worker.trainer",
+                "--spec",
+                str(spec_file(spec, d)),
+                "--metrics-out",
+                str(out),
+                "--quiet",
+            ],
+        )
+        return [
+            r
+            for f in sorted(d.glob("steps*.jsonl"))
+            for r in map(json.loads, f.read_text().splitlines())
+            if "step" in r
+        ]

@@ -6,21 +6,28 @@ import contextlib
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
+from cli.local_stack import LocalStack, StackConfig
 from services.client import Client
 from services.procs import free_port
-from services.stack import LocalStack, StackConfig
 
-TINY = {"name": "bench", "model": {"preset": "tiny"}, "data": {"source": "synthetic", "seed": 7},
-        "parallel": {"dp": 2}, "train": {"steps": 3, "global_batch": 16, "lr": 3e-3}}
+TINY = {
+    "name": "bench",
+    "model": {"preset": "tiny"},
+    "data": {"source": "synthetic", "seed": 7},
+    "parallel": {"dp": 2},
+    "train": {"steps": 3, "global_batch": 16, "lr": 3e-3},
+}
 
 
 @contextlib.contextmanager
 def local_stack(workers: int, warm: int = 1) -> Iterator[tuple[LocalStack, Client]]:
     with tempfile.TemporaryDirectory(prefix="mk-bench-") as d:
-        stack = LocalStack(StackConfig(workers=workers, port=free_port(), run_dir=Path(d), warm=warm))
+        stack = LocalStack(
+            StackConfig(workers=workers, port=free_port(), run_dir=Path(d), warm=warm)
+        )
         try:
             stack.start()
             with Client(stack.url, stack.secrets.admin_token) as client:

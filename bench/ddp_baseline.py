@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from services.spec import load_spec
-from worker.data import Batches
-from worker.model import build_model
+from worker.trainer.data import Batches
+from worker.trainer.model import build_model
 
 
 def main() -> None:

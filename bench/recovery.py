@@ -51,12 +51,22 @@ TERMINAL = ("Succeeded", "Failed", "Cancelled")
 
 
 def workload(steps: int, name: str = "bench-recovery") -> dict:
-    return {"name": name, "model": {"preset": "small"}, "data": {"source": "synthetic", "seed": 7},
-            "parallel": {"dp": 2}, "train": {"steps": steps, "global_batch": 4, "lr": 1e-3, "warmup_steps": 2},
-            "checkpoint": {"every_steps": EVERY, "mode": "async"},
-            # straggler replacement off: run-queue noise on a shared host is not the fault measured here
-            "fault_tolerance": {"spares": 1, "dead_after_s": 2.0, "hang_after_s": 60,
-                                "straggler": {"action": "report"}, "max_restarts": 1000}}
+    return {
+        "name": name,
+        "model": {"preset": "small"},
+        "data": {"source": "synthetic", "seed": 7},
+        "parallel": {"dp": 2},
+        "train": {"steps": steps, "global_batch": 4, "lr": 1e-3, "warmup_steps": 2},
+        "checkpoint": {"every_steps": EVERY, "mode": "async"},
+        # straggler replacement off: run-queue noise on a shared host is not the fault measured here
+        "fault_tolerance": {
+            "spares": 1,
+            "dead_after_s": 2.0,
+            "hang_after_s": 60,
+            "straggler": {"action": "report"},
+            "max_restarts": 1000,
+        },
+    }
 
 
 def kill_steps(kills: int) -> list[int]:
@@ -100,7 +110,9 @@ def wait(pred, timeout: float, what: str, every: float = 0.02):
 
 
 def summary(name: str, xs: list[float]) -> str:
-    return f"{name:<14} median {median(xs):7.2f} s   p90 {percentile(xs, 90):7.2f} s   (n={len(xs)})"
+    return (
+        f"{name:<14} median {median(xs):7.2f} s   p90 {percentile(xs, 90):7.2f} s   (n={len(xs)})"
+    )
 
 
 # -- meshkeeper arm -----------------------------------------------------------------------
@@ -110,9 +122,9 @@ def warm_pools_ready(run_dir: Path) -> bool:
 
 
 def slowest_step(run_dir: Path, jid: str, generation: int, world: int) -> int:
-    """The step every rank of the generation has completed (-1 before that)."""
+    """The step every rank of the generation has completed (0 before that)."""
     files = list(run_dir.glob(f"workers/*/jobs/{jid}/g{generation}/metrics-*.jsonl"))
-    per_rank = [max((r["step"] for r in read(f) if is_step(r)), default=-1) for f in files]
+    per_rank = [max((r["step"] for r in read(f) if is_step(r)), default=0) for f in files]
     return min(per_rank) if len(per_rank) == world else -1
 
 
@@ -135,24 +147,40 @@ def meshkeeper_arm(kills: int) -> tuple[list[float], list[dict]]:
         jid = client.submit(spec).id
         for i, step in enumerate(at):
             gen = i + 1
-            wait(lambda: client.job(jid).mesh.generation == gen, 120, f"generation {gen}")
+            wait(lambda gen=gen: client.job(jid).mesh.generation == gen, 120, f"generation {gen}")
             # every rank past the kill step, and every agent's warm trainer refilled
-            wait(lambda: slowest_step(run_dir, jid, gen, 2) >= step and warm_pools_ready(run_dir), 300,
-                 f"step {step} of generation {gen}")
+            wait(
+                lambda gen=gen, step=step: (
+                    slowest_step(run_dir, jid, gen, 2) >= step and warm_pools_ready(run_dir)
+                ),
+                300,
+                f"step {step} of generation {gen}",
+            )
             victim = next(r for r in client.job(jid).mesh.ranks if r.rank == 1)
             t_kill = time.time()
             os.kill(victim.pid, signal.SIGKILL)
-            first = wait(lambda: slowest_first_step(run_dir, jid, gen + 1, 2), 300,
-                         f"generation {gen + 1}'s first step")
+            first = wait(
+                lambda gen=gen: slowest_first_step(run_dir, jid, gen + 1, 2),
+                300,
+                f"generation {gen + 1}'s first step",
+            )
             out.append(first - t_kill)
-            print(f"  meshkeeper kill {i + 1} at step {step}: first step after {out[-1]:.2f} s", flush=True)
+            print(
+                f"  meshkeeper kill {i + 1} at step {step}: first step after {out[-1]:.2f} s",
+                flush=True,
+            )
         j = wait(lambda: (j := client.job(jid)).phase in TERMINAL and j, 600, "the job to end")
         if j.phase != "Succeeded":
-            raise SystemExit(f"bench job ended {j.phase}: {[c.message for c in j.conditions if c.status == 'True']}")
+            raise SystemExit(
+                f"bench job ended {j.phase}: "
+                f"{[c.message for c in j.conditions if c.status == 'True']}"
+            )
         records = [r.model_dump() for r in j.recoveries]
     unexpected = [r["cause"] for r in records if r["cause"] != "TrainerKilled"]
     if unexpected or len(records) != kills:
-        raise SystemExit(f"expected {kills} TrainerKilled recoveries, got {[r['cause'] for r in records]}")
+        raise SystemExit(
+            f"expected {kills} TrainerKilled recoveries, got {[r['cause'] for r in records]}"
+        )
     return out, records
 
 
@@ -180,56 +208,98 @@ def torchrun_arm(kills: int, shared_store: bool) -> tuple[list[float], list[int]
     with tempfile.TemporaryDirectory(prefix="mk-bench-torchrun-") as d:
         d = Path(d)
         # a restart may take more than one attempt (see below): room for three per kill
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               f"--max-restarts={max(3, 3 * kills)}", "--monitor-interval=0.1",
-               "-m", "worker.train", "--spec", str(spec_file(spec, d)), "--quiet",
-               "--metrics-out", str(d / "steps-{rank}.jsonl"), "--checkpoint-root", str(d / "ckpt")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            f"--max-restarts={max(3, 3 * kills)}",
+            "--monitor-interval=0.1",
+            "-m",
+            "worker.trainer",
+            "--spec",
+            str(spec_file(spec, d)),
+            "--quiet",
+            "--metrics-out",
+            str(d / "steps-{rank}.jsonl"),
+            "--checkpoint-root",
+            str(d / "ckpt"),
+        ]
         log = (d / "torchrun.log").open("w")
         env = ENV if shared_store else {**ENV, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         files = [d / "steps-0.jsonl", d / "steps-1.jsonl"]
         try:
             since = 0.0
             for i, step in enumerate(at):
-                def reached() -> bool:
-                    steps = [max((r["step"] for r in read(f) if is_step(r) and r["time"] >= since), default=-1)
-                             for f in files]
+
+                def reached(since=since, step=step) -> bool:
+                    steps = [
+                        max(
+                            (r["step"] for r in read(f) if is_step(r) and r["time"] >= since),
+                            default=0,
+                        )
+                        for f in files
+                    ]
                     if proc.poll() is not None:
-                        raise SystemExit(f"torchrun exited ({proc.returncode}); see {d}/torchrun.log:\n"
-                                         + (d / "torchrun.log").read_text()[-3000:])
+                        raise SystemExit(
+                            f"torchrun exited ({proc.returncode}); see {d}/torchrun.log:\n"
+                            + (d / "torchrun.log").read_text()[-3000:]
+                        )
                     return min(steps) >= step
+
                 wait(reached, 600, f"torchrun at step {step}")
                 victim = rank_pids(proc.pid)[1]
                 t_kill = time.time()
                 os.kill(victim, signal.SIGKILL)
 
-                def restarted() -> float | None:
+                def restarted(i=i, t_kill=t_kill) -> float | None:
                     if proc.poll() is not None:
-                        raise SystemExit(f"torchrun exited ({proc.returncode}) after kill {i + 1}:\n"
-                                         + (d / "torchrun.log").read_text()[-3000:])
+                        raise SystemExit(
+                            f"torchrun exited ({proc.returncode}) after kill {i + 1}:\n"
+                            + (d / "torchrun.log").read_text()[-3000:]
+                        )
                     firsts = [first_step_after_start(read(f), t_kill) for f in files]
                     return None if None in firsts else max(firsts)
+
                 try:
-                    first = wait(restarted, RESTART_TIMEOUT_S, f"torchrun's first step after kill {i + 1}")
+                    first = wait(
+                        restarted, RESTART_TIMEOUT_S, f"torchrun's first step after kill {i + 1}"
+                    )
                 except SystemExit:
                     # with the shared store an attempt can hang in connectFullMesh until the
-                    # process-group timeout (DESIGN.md section 5): report it, do not wait forever
-                    print(f"  torchrun   kill {i + 1} at step {step}: no step within {RESTART_TIMEOUT_S:.0f} s "
-                          f"(hung restart; see {d}/torchrun.log)", flush=True)
+                    # process-group timeout (docs/architecture.md, "Parts"): report it, do not
+                    # wait forever
+                    print(
+                        f"  torchrun   kill {i + 1} at step {step}: no step within "
+                        f"{RESTART_TIMEOUT_S:.0f} s "
+                        f"(hung restart; see {d}/torchrun.log)",
+                        flush=True,
+                    )
                     out.append(float("inf"))
                     break
                 out.append(first - t_kill)
                 since = t_kill
                 # attempts: trainer starts after the kill; with the shared store an attempt may
                 # die in connectFullMesh (the store still holds the last attempt's addresses)
-                tries = max(sum(r.get("event") == "started" and r["started_at"] >= t_kill for r in read(f))
-                            for f in files)
+                tries = max(
+                    sum(r.get("event") == "started" and r["started_at"] >= t_kill for r in read(f))
+                    for f in files
+                )
                 attempts.append(tries)
-                print(f"  torchrun   kill {i + 1} at step {step}: first step after {out[-1]:.2f} s "
-                      f"({tries} restart attempt{'s' if tries > 1 else ''})", flush=True)
+                print(
+                    f"  torchrun   kill {i + 1} at step {step}: first step after {out[-1]:.2f} s "
+                    f"({tries} restart attempt{'s' if tries > 1 else ''})",
+                    flush=True,
+                )
             if out[-1] != float("inf") and proc.wait(timeout=600) != 0:
-                raise SystemExit(f"torchrun failed ({proc.returncode}):\n" + (d / "torchrun.log").read_text()[-3000:])
+                raise SystemExit(
+                    f"torchrun failed ({proc.returncode}):\n"
+                    + (d / "torchrun.log").read_text()[-3000:]
+                )
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -254,11 +324,23 @@ def goodput(steps: int, every_s: float | None) -> tuple[float, int]:
             running = j.mesh.ranks and all(r.state == "running" and r.pid for r in j.mesh.ranks)
             if every_s and running and next_kill is None:
                 next_kill = time.monotonic() + every_s
-            if every_s and running and next_kill and time.monotonic() >= next_kill and j.step < steps - 2:
+            if (
+                every_s
+                and running
+                and next_kill
+                and time.monotonic() >= next_kill
+                and j.step < steps - 2
+            ):
                 os.kill(next(r.pid for r in j.mesh.ranks if r.rank == 1), signal.SIGKILL)
                 kills, next_kill = kills + 1, None
-                wait(lambda: client.job(jid).generation > j.generation or client.job(jid).phase in TERMINAL,
-                     60, "the recovery to start")
+                wait(
+                    lambda j=j: (
+                        client.job(jid).generation > j.generation
+                        or client.job(jid).phase in TERMINAL
+                    ),
+                    60,
+                    "the recovery to start",
+                )
             time.sleep(0.05)
         if j.phase != "Succeeded":
             raise SystemExit(f"goodput job ended {j.phase}")
@@ -278,12 +360,18 @@ def main() -> None:
     ap.add_argument("--every", type=float, default=10.0, help="goodput run: seconds between kills")
     ap.add_argument("--goodput-steps", type=int, default=40)
     ap.add_argument("--skip-goodput", action="store_true")
-    ap.add_argument("--torchrun-shared-store", action="store_true",
-                    help="torchrun's default rendezvous store sharing (restarts may fail or hang)")
+    ap.add_argument(
+        "--torchrun-shared-store",
+        action="store_true",
+        help="torchrun's default rendezvous store sharing (restarts may fail or hang)",
+    )
     args = ap.parse_args()
     t0 = time.time()
-    print(f"recovery after SIGKILL of rank 1's trainer, small preset dp=2, {args.kills} kills, "
-          f"{os.cpu_count()} CPUs", flush=True)
+    print(
+        f"recovery after SIGKILL of rank 1's trainer, small preset dp=2, {args.kills} kills, "
+        f"{os.cpu_count()} CPUs",
+        flush=True,
+    )
     mk, records = meshkeeper_arm(args.kills)
     tr, attempts = torchrun_arm(args.kills, args.torchrun_shared_store)
     print("\nmeshkeeper phases (recovery records; total = fault -> slowest rank's first step):")
@@ -294,21 +382,33 @@ def main() -> None:
     print("  " + summary("meshkeeper", mk))
     done = [t for t in tr if t != float("inf")]
     if done:
-        print("  " + summary("torchrun", done) + ("" if args.torchrun_shared_store else
-                                                 "  (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)"))
-        print(f"  torchrun / meshkeeper: {median(done) / median(mk):.1f}x (median), "
-              f"{percentile(done, 90) / percentile(mk, 90):.1f}x (p90)")
+        print(
+            "  "
+            + summary("torchrun", done)
+            + ("" if args.torchrun_shared_store else "  (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)")
+        )
+        print(
+            f"  torchrun / meshkeeper: {median(done) / median(mk):.1f}x (median), "
+            f"{percentile(done, 90) / percentile(mk, 90):.1f}x (p90)"
+        )
     if attempts:
-        print(f"  torchrun restart attempts per kill: {attempts} (an attempt that fails in gloo's "
-              f"connectFullMesh costs a cold start; DESIGN.md section 5)")
+        print(
+            f"  torchrun restart attempts per kill: {attempts} (an attempt that fails in gloo's "
+            f"connectFullMesh costs a cold start; docs/architecture.md, 'Parts')"
+        )
     if len(done) < len(tr):
         print(f"  torchrun: restart {len(tr)} hung (no step within {RESTART_TIMEOUT_S:.0f} s)")
     if not args.skip_goodput:
         base, _ = goodput(args.goodput_steps, None)
         chaos, n = goodput(args.goodput_steps, args.every)
-        print(f"\ngoodput (useful step time / wall, submit -> Succeeded), {args.goodput_steps} steps:")
+        print(
+            f"\ngoodput (useful step time / wall, submit -> Succeeded), {args.goodput_steps} steps:"
+        )
         print(f"  no failures:              {base:.3f}")
-        print(f"  a kill every {args.every:.0f} s ({n} kills): {chaos:.3f}   ({chaos / base:.1%} of the failure-free run)")
+        print(
+            f"  a kill every {args.every:.0f} s ({n} kills): {chaos:.3f}   "
+            f"({chaos / base:.1%} of the failure-free run)"
+        )
     print(f"\n(bench took {time.time() - t0:.0f} s)")
 
 

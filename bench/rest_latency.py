@@ -27,8 +27,12 @@ from bench.control_plane import TINY, local_stack, percentile  # noqa: E402
 from services import scripts  # noqa: E402
 from services.store import Keys, flat  # noqa: E402
 
-JOB = {**TINY, "name": "rest-bench", "parallel": {"dp": 4, "pp": 2, "tp": 2, "microbatches": 2},
-       "train": {"steps": 1000, "global_batch": 32}}
+JOB = {
+    **TINY,
+    "name": "rest-bench",
+    "parallel": {"dp": 4, "pp": 2, "tp": 2, "microbatches": 2},
+    "train": {"steps": 1000, "global_batch": 32},
+}
 
 
 async def _heartbeats(url: str, n: int, interval: float, beating, beats) -> None:
@@ -39,18 +43,31 @@ async def _heartbeats(url: str, n: int, interval: float, beating, beats) -> None
         for i in range(n):
             # what the controller writes when an agent joins (as user admin: simulated agents
             # skip the join; `joined_at` makes them placeable)
-            pipe.hset(keys.worker(f"sim{i}"), mapping=flat({
-                "host": f"sim-host-{i // 8}", "address": "127.0.0.1",
-                "labels": {"host": f"sim-host-{i // 8}"}, "devices": 1, "state": "idle",
-                "memory_bytes": 1 << 34, "device_kind": "cpu", "joined_at": time.time()}))
+            pipe.hset(
+                keys.worker(f"sim{i}"),
+                mapping=flat(
+                    {
+                        "host": f"sim-host-{i // 8}",
+                        "address": "127.0.0.1",
+                        "labels": {"host": f"sim-host-{i // 8}"},
+                        "devices": 1,
+                        "state": "idle",
+                        "memory_bytes": 1 << 34,
+                        "device_kind": "cpu",
+                        "joined_at": time.time(),
+                    }
+                ),
+            )
         await pipe.execute()
 
     async def worker(i: int) -> None:
         await asyncio.sleep(interval * i / n)  # spread the beats evenly
         while True:
             if beating.value:
-                await hb(keys=[keys.workers_seen(), keys.worker(f"sim{i}")],
-                         args=[f"sim{i}", "", 0, keys.worker_assignment(f"sim{i}")])
+                await hb(
+                    keys=[keys.workers_seen(), keys.worker(f"sim{i}")],
+                    args=[f"sim{i}", "", 0, keys.worker_assignment(f"sim{i}")],
+                )
                 with beats.get_lock():
                     beats.value += 1
             await asyncio.sleep(interval)
@@ -86,12 +103,18 @@ def main() -> None:
     args = ap.parse_args()
     with local_stack(workers=0) as (stack, client):
         beating, beats = mp.Value("b", 1), mp.Value("q", 0)
-        sim = mp.Process(target=heartbeater, args=(stack.redis_url, args.workers, 0.5, beating, beats),
-                         daemon=True)
+        sim = mp.Process(
+            target=heartbeater,
+            args=(stack.redis_url, args.workers, 0.5, beating, beats),
+            daemon=True,
+        )
         sim.start()
         try:
-            until(lambda: sum(w.alive for w in client.workers()) >= args.workers, sim,
-                  f"{args.workers} simulated workers to register")
+            until(
+                lambda: sum(w.alive for w in client.workers()) >= args.workers,
+                sim,
+                f"{args.workers} simulated workers to register",
+            )
             job = client.submit(JOB).id
             until(lambda: client.job(job).phase == "Running", sim, "the job to be placed")
             beating.value = 0
@@ -106,12 +129,18 @@ def main() -> None:
             sim.terminate()
             sim.join()
     ms = 1e3
-    i50, i99, l50, l99 = (percentile(idle, 50) * ms, percentile(idle, 99) * ms,
-                          percentile(loaded, 50) * ms, percentile(loaded, 99) * ms)
+    i50, i99, l50, l99 = (
+        percentile(idle, 50) * ms,
+        percentile(idle, 99) * ms,
+        percentile(loaded, 50) * ms,
+        percentile(loaded, 99) * ms,
+    )
     print(f"GET /v1/jobs/{{id}} (16-rank job), {args.requests} sequential requests each:")
     print(f"  idle baseline:                 p50 {i50:7.2f} ms   p99 {i99:7.2f} ms")
-    print(f"  {args.workers} workers heartbeating:  p50 {l50:7.2f} ms   p99 {l99:7.2f} ms"
-          f"   ({rate:,.0f} heartbeats/s)")
+    print(
+        f"  {args.workers} workers heartbeating:  p50 {l50:7.2f} ms   p99 {l99:7.2f} ms"
+        f"   ({rate:,.0f} heartbeats/s)"
+    )
     print(f"  loaded / idle:                 p50 {l50 / i50:7.2f}x     p99 {l99 / i99:7.2f}x")
 
 

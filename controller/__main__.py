@@ -45,40 +45,87 @@ def _dirs(text: str | None) -> list[Path]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     env = os.environ.get
     ap = argparse.ArgumentParser(prog="python -m controller", description="meshkeeper controller")
-    ap.add_argument("--host", default=env("MESHKEEPER_HOST", "127.0.0.1"),
-                    help="interface to bind (default 127.0.0.1: nothing public by default)")
+    ap.add_argument(
+        "--host",
+        default=env("MESHKEEPER_HOST", "127.0.0.1"),
+        help="interface to bind (default 127.0.0.1: nothing public by default)",
+    )
     ap.add_argument("--port", type=int, default=int(env("MESHKEEPER_PORT", "8765")))
     ap.add_argument("--redis-url", default=env("REDIS_URL", "redis://127.0.0.1:6379/0"))
     ap.add_argument("--prefix", default=env("MESHKEEPER_PREFIX", "mk:"), help="Redis key prefix")
     ap.add_argument("--lease-ttl", type=float, default=3.0, help="leader lease, seconds")
-    ap.add_argument("--worker-alive", type=float, default=3.0,
-                    help="a worker silent this long (s) is not placed on")
-    ap.add_argument("--rdzv-ports", type=_port_range, default=(20000, 32000),
-                    help="rendezvous ports to pick from, LOW-HIGH")
-    ap.add_argument("--agent-redis-url", default=env("MESHKEEPER_AGENT_REDIS_URL"),
-                    help="Redis URL handed to agents started with --controller (default: --redis-url)")
-    ap.add_argument("--auth-file", default=env("MESHKEEPER_AUTH_FILE"),
-                    help="API token hashes, JSON (docs/security.md); env MESHKEEPER_API_TOKEN and "
-                         "MESHKEEPER_SCRAPE_TOKEN add plaintext tokens")
-    ap.add_argument("--insecure-no-auth", action="store_true",
-                    help="no authentication at all: every caller is admin (throwaway experiments only)")
-    ap.add_argument("--tls-cert", default=env("MESHKEEPER_TLS_CERT"), help="serve HTTPS: PEM certificate")
-    ap.add_argument("--tls-key", default=env("MESHKEEPER_TLS_KEY"), help="serve HTTPS: PEM private key")
-    ap.add_argument("--data-root", type=Path, action="append", default=_dirs(env("MESHKEEPER_DATA_ROOTS")),
-                    help="a directory whose files jobs may train on (data.source text:/tokens:); "
-                         "repeatable; env MESHKEEPER_DATA_ROOTS (':'-separated). None: synthetic only")
-    ap.add_argument("--checkpoint-root-allow", type=Path, action="append",
-                    default=_dirs(env("MESHKEEPER_CHECKPOINT_ROOTS")),
-                    help="a directory a spec's checkpoint.root may lie in (the agents' "
-                         "--checkpoint-root or below it); repeatable; env MESHKEEPER_CHECKPOINT_ROOTS. "
-                         "None: specs may not set checkpoint.root")
-    ap.add_argument("--quota", type=_quota, action="append", default=[],
-                    help="OWNER=RANKS: most ranks OWNER's jobs may run at once; repeatable")
-    ap.add_argument("--default-quota", type=_ranks, default=None, metavar="RANKS",
-                    help="the quota of owners without --quota (default: unlimited)")
-    ap.add_argument("--reserve-after", type=float, default=300.0,
-                    help="seconds a waiting job that fits the pool lets later jobs start before it "
-                         "(backfill); after that it has first claim on freed workers")
+    ap.add_argument(
+        "--worker-alive",
+        type=float,
+        default=3.0,
+        help="a worker silent this long (s) is not placed on",
+    )
+    ap.add_argument(
+        "--rdzv-ports",
+        type=_port_range,
+        default=env("MESHKEEPER_RDZV_PORTS", "20000-32000"),  # argparse applies `type`
+        help="rendezvous ports to pick from, LOW-HIGH (env MESHKEEPER_RDZV_PORTS)",
+    )
+    ap.add_argument(
+        "--agent-redis-url",
+        default=env("MESHKEEPER_AGENT_REDIS_URL"),
+        help="Redis URL handed to agents started with --controller (default: --redis-url)",
+    )
+    ap.add_argument(
+        "--auth-file",
+        default=env("MESHKEEPER_AUTH_FILE"),
+        help="API token hashes, JSON (docs/security.md); env MESHKEEPER_API_TOKEN and "
+        "MESHKEEPER_SCRAPE_TOKEN add plaintext tokens",
+    )
+    ap.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="no authentication at all: every caller is admin (throwaway experiments only)",
+    )
+    ap.add_argument(
+        "--tls-cert", default=env("MESHKEEPER_TLS_CERT"), help="serve HTTPS: PEM certificate"
+    )
+    ap.add_argument(
+        "--tls-key", default=env("MESHKEEPER_TLS_KEY"), help="serve HTTPS: PEM private key"
+    )
+    ap.add_argument(
+        "--data-root",
+        type=Path,
+        action="append",
+        default=_dirs(env("MESHKEEPER_DATA_ROOTS")),
+        help="a directory whose files jobs may train on (data.source text:/tokens:); "
+        "repeatable; env MESHKEEPER_DATA_ROOTS (':'-separated). None: synthetic only",
+    )
+    ap.add_argument(
+        "--checkpoint-root-allow",
+        type=Path,
+        action="append",
+        default=_dirs(env("MESHKEEPER_CHECKPOINT_ROOTS")),
+        help="a directory a spec's checkpoint.root may lie in (the agents' "
+        "--checkpoint-root or below it); repeatable; env MESHKEEPER_CHECKPOINT_ROOTS. "
+        "None: specs may not set checkpoint.root",
+    )
+    ap.add_argument(
+        "--quota",
+        type=_quota,
+        action="append",
+        default=[],
+        help="OWNER=RANKS: most ranks OWNER's jobs may run at once; repeatable",
+    )
+    ap.add_argument(
+        "--default-quota",
+        type=_ranks,
+        default=None,
+        metavar="RANKS",
+        help="the quota of owners without --quota (default: unlimited)",
+    )
+    ap.add_argument(
+        "--reserve-after",
+        type=float,
+        default=300.0,
+        help="seconds a waiting job that fits the pool lets later jobs start before it "
+        "(backfill); after that it has first claim on freed workers",
+    )
     ap.add_argument("--log-level", default=env("MESHKEEPER_LOG_LEVEL", "info"))
     args = ap.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -88,8 +135,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         auth = Auth.load(args.auth_file, os.environ, insecure=args.insecure_no_auth)
     except TokenError as e:
@@ -102,15 +150,29 @@ def main(argv: list[str] | None = None) -> int:
 
     from controller.app import create_app
 
-    cfg = ControllerConfig(redis_url=args.redis_url, prefix=args.prefix, lease_ttl_s=args.lease_ttl,
-                           scheduler=SchedulerConfig(args.worker_alive, args.rdzv_ports,
-                                                     reserve_after_s=args.reserve_after,
-                                                     quotas=Quotas(args.default_quota, dict(args.quota))),
-                           agent_redis_url=args.agent_redis_url,
-                           admission=AdmissionConfig(tuple(args.data_root), tuple(args.checkpoint_root_allow)))
+    cfg = ControllerConfig(
+        redis_url=args.redis_url,
+        prefix=args.prefix,
+        lease_ttl_s=args.lease_ttl,
+        scheduler=SchedulerConfig(
+            args.worker_alive,
+            args.rdzv_ports,
+            reserve_after_s=args.reserve_after,
+            quotas=Quotas(args.default_quota, dict(args.quota)),
+        ),
+        agent_redis_url=args.agent_redis_url,
+        admission=AdmissionConfig(tuple(args.data_root), tuple(args.checkpoint_root_allow)),
+    )
     ctl = Controller(cfg)
-    uvicorn.run(create_app(ctl, auth), host=args.host, port=args.port, log_level=args.log_level.lower(),
-                access_log=False, ssl_certfile=args.tls_cert, ssl_keyfile=args.tls_key)
+    uvicorn.run(
+        create_app(ctl, auth),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level.lower(),
+        access_log=False,
+        ssl_certfile=args.tls_cert,
+        ssl_keyfile=args.tls_key,
+    )
     return 0
 
 

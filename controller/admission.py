@@ -82,8 +82,11 @@ def rank_memory(spec: JobSpec) -> RankMemory:
     s, h, b = m.seq_len, m.d_model, max(1, t.global_batch // (p.dp * p.microbatches))
     layer = s * b * h * 34 * (ACT_B / 2) / p.tp
     stage_layers = m.layers // p.pp
-    per_micro = (stage_layers * s * b * h * ACT_B + layer) if p.activation_checkpointing \
+    per_micro = (
+        (stage_layers * s * b * h * ACT_B + layer)
+        if p.activation_checkpointing
         else stage_layers * layer
+    )
     in_flight = p.microbatches if p.pp_schedule == "gpipe" else min(p.pp, p.microbatches)
     return RankMemory(int(state), int(per_micro * in_flight))
 
@@ -134,12 +137,15 @@ def capacity_problems(spec: JobSpec, pool: list[PoolWorker]) -> list[Problem]:
         hint.append("raise parallel.dp (ZeRO shards the optimizer over it)")
         if not p.activation_checkpointing and need.activations > need.state:
             hint.append("set parallel.activation_checkpointing: true")
-        return [Problem(model_field,
-                        f"one rank needs about {_gib(need.total)} ({_gib(need.state)} weights, grads "
-                        f"and Adam moments + {_gib(need.activations)} activations) but the largest "
-                        f"device in the pool ({biggest.device_kind}, worker {biggest.wid}) has "
-                        f"{_gib(biggest.memory_bytes)}; " + ", ".join(hint)
-                        + ", or choose a smaller model")]
+        return [
+            Problem(
+                model_field,
+                f"one rank needs about {_gib(need.total)} ({_gib(need.state)} weights, grads "
+                f"and Adam moments + {_gib(need.activations)} activations) but the largest "
+                f"device in the pool ({biggest.device_kind}, worker {biggest.wid}) has "
+                f"{_gib(biggest.memory_bytes)}; " + ", ".join(hint) + ", or choose a smaller model",
+            )
+        ]
     fit = sorted((w for w in pool if w.memory_bytes >= need.total), key=lambda w: -w.devices)
     ranks, spares = p.world_size, spec.fault_tolerance.spares
     used = slots = 0
@@ -150,10 +156,14 @@ def capacity_problems(spec: JobSpec, pool: list[PoolWorker]) -> list[Problem]:
     if slots < ranks or used + spares > len(fit):
         dev = sum(w.devices for w in fit)
         field_ = "fault_tolerance.spares" if slots >= ranks and spares else "parallel.dp"
-        return [Problem(field_,
-                        f"dp*pp*tp = {p.dp}*{p.pp}*{p.tp} = {ranks} ranks + {spares} spare workers "
-                        f"need more than the pool has: {len(fit)} live workers ({dev} devices) with "
-                        f"room for a rank; lower parallel.dp (or fault_tolerance.spares), or add workers")]
+        return [
+            Problem(
+                field_,
+                f"dp*pp*tp = {p.dp}*{p.pp}*{p.tp} = {ranks} ranks + {spares} spare workers "
+                f"need more than the pool has: {len(fit)} live workers ({dev} devices) with "
+                f"room for a rank; lower parallel.dp (or fault_tolerance.spares), or add workers",
+            )
+        ]
     return []
 
 
@@ -161,18 +171,31 @@ def quota_problems(spec: JobSpec, owner: str | None, quotas: Quotas) -> list[Pro
     limit = quotas.limit(owner)
     ranks = spec.parallel.world_size
     if limit is not None and ranks > limit:
-        return [Problem("parallel.dp", f"{ranks} ranks exceed the quota of {owner or 'anonymous'} "
-                                       f"({limit} running ranks); lower parallel.dp, pp or tp, or "
-                                       "ask the operator for a larger --quota")]
+        return [
+            Problem(
+                "parallel.dp",
+                f"{ranks} ranks exceed the quota of {owner or 'anonymous'} "
+                f"({limit} running ranks); lower parallel.dp, pp or tp, or "
+                "ask the operator for a larger --quota",
+            )
+        ]
     return []
 
 
-def admit(spec: JobSpec, owner: str | None, store: Store, cfg: AdmissionConfig, quotas: Quotas,
-          alive_s: float) -> None:
+def admit(
+    spec: JobSpec,
+    owner: str | None,
+    store: Store,
+    cfg: AdmissionConfig,
+    quotas: Quotas,
+    alive_s: float,
+) -> None:
     """Raise SpecError listing every reason `spec` can never run here."""
     problems: list[Problem] = []
     try:
-        confine_spec(spec.model_dump(mode="json"), cfg.data_roots, cfg.checkpoint_roots, on_host=False)
+        confine_spec(
+            spec.model_dump(mode="json"), cfg.data_roots, cfg.checkpoint_roots, on_host=False
+        )
     except SpecError as e:
         problems += e.problems
     problems += quota_problems(spec, owner, quotas)

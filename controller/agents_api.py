@@ -34,10 +34,13 @@ class JoinRequest(BaseModel):
     host: Text
     address: Text = Field(description="where other workers reach this one (rendezvous)")
     devices: Annotated[int, Field(ge=1, le=1024)]
-    labels: Annotated[dict[Annotated[str, Field(max_length=63)], Annotated[str, Field(max_length=253)]],
-                      Field(max_length=64)] = {}
-    memory_bytes: Annotated[int, Field(ge=0, description="per device: host RAM / devices on CPU, "
-                                                         "GPU memory on GPU")]
+    labels: Annotated[
+        dict[Annotated[str, Field(max_length=63)], Annotated[str, Field(max_length=253)]],
+        Field(max_length=64),
+    ] = {}
+    memory_bytes: Annotated[
+        int, Field(ge=0, description="per device: host RAM / devices on CPU, GPU memory on GPU")
+    ]
     device_kind: Literal["cpu", "cuda"]
     pid: Annotated[int, Field(ge=1)]
     run_dir: Annotated[str, Field(max_length=4096)] = ""
@@ -53,24 +56,45 @@ def router(ctl: Controller) -> APIRouter:
     r = APIRouter(tags=["workers"])
 
     @r.post("/v1/agents/join", response_model=Joined)
-    async def join(body: JoinRequest, request: Request,
-                   cred: HTTPAuthorizationCredentials | None = Security(bearer)) -> dict:
+    async def join(
+        body: JoinRequest,
+        request: Request,
+        cred: HTTPAuthorizationCredentials | None = Security(bearer),
+    ) -> dict:
         """Register a worker (Bearer: the join token). Re-joining with the same id replaces
         its registration and rotates its Redis password."""
         if not request.app.state.auth.join_ok(cred.credentials if cred else None):
-            raise Denied(401, "POST /v1/agents/join needs the agents' join token as a bearer token "
-                              "(agent flags --join-token-file or env MESHKEEPER_JOIN_TOKEN[_FILE]; "
-                              "`meshkeeper up` writes {run-dir}/secrets/join-token)",
-                         'Bearer realm="meshkeeper", error="invalid_token"')
+            raise Denied(
+                401,
+                "POST /v1/agents/join needs the agents' join token as a bearer token "
+                "(agent flags --join-token-file or env MESHKEEPER_JOIN_TOKEN[_FILE]; "
+                "`meshkeeper up` writes {run-dir}/secrets/join-token)",
+                'Bearer realm="meshkeeper", error="invalid_token"',
+            )
         password = new_token()
-        info = {**body.model_dump(exclude={"id"}), "labels": {"host": body.host, **body.labels},
-                "state": "idle", "started_at": time.time()}
+        info = {
+            **body.model_dump(exclude={"id"}),
+            "labels": {"host": body.host, **body.labels},
+            "state": "idle",
+            "started_at": time.time(),
+        }
         saved = await run_in_threadpool(ctl.store.join_worker, body.id, info, password)
         if not saved:
-            log.warning("Redis has no aclfile: agent user %s lasts only until Redis restarts "
-                        "(run redis-server with --aclfile; docs/security.md)", agent_user(body.id))
-        log.info("worker %s joined from %s (%s, %d device(s))", body.id, body.address, body.host, body.devices)
-        url = with_credentials(ctl.cfg.agent_redis_url or ctl.cfg.redis_url, agent_user(body.id), password)
+            log.warning(
+                "Redis has no aclfile: agent user %s lasts only until Redis restarts "
+                "(run redis-server with --aclfile; docs/security.md)",
+                agent_user(body.id),
+            )
+        log.info(
+            "worker %s joined from %s (%s, %d device(s))",
+            body.id,
+            body.address,
+            body.host,
+            body.devices,
+        )
+        url = with_credentials(
+            ctl.cfg.agent_redis_url or ctl.cfg.redis_url, agent_user(body.id), password
+        )
         return {"redis_url": url, "prefix": ctl.cfg.prefix, "id": body.id}
 
     return r

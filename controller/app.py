@@ -28,7 +28,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
-from controller import agents_api, jobs, web
+from controller import agents_api, history, jobs, web
 from controller.admission import admit
 from controller.auth import ADMIN, METRICS, READ, SUBMIT, Auth, Denied, Principal, may_cancel
 from controller.conditions import PHASES, TERMINAL
@@ -42,19 +42,28 @@ from services.store import without_credentials
 
 log = logging.getLogger("meshkeeper.api")
 # a valid spec, shown in the OpenAPI document (and a fuzzer's first example)
-EXAMPLE_SPEC = {"name": "tiny", "model": {"preset": "tiny"}, "parallel": {"dp": 2},
-                "train": {"steps": 12, "global_batch": 16}}
+EXAMPLE_SPEC = {
+    "name": "tiny",
+    "model": {"preset": "tiny"},
+    "parallel": {"dp": 2},
+    "train": {"steps": 12, "global_batch": 16},
+}
 MAX_BODY = 1 << 20
 MAX_DEPTH = 32  # a job spec nests 3 levels; deeper JSON is an attack on the parser
 # documented in the OpenAPI schema, enforced by load_job (with a message that says the fix)
 JobId = Annotated[str, Path(json_schema_extra={"pattern": JOB_ID_RE.pattern, "maxLength": 80})]
-# ASCII digits only (\d also matches '１'), at most 20 each: a stream id is two unsigned 64-bit halves
+# ASCII digits only (\d also matches '１'), at most 20 each: a stream id is two unsigned
+# 64-bit halves
 STREAM_ID_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
 MAX_STREAM_PART = (1 << 64) - 1
+MAX_HISTORY_POINTS = 5000  # a chart is a few thousand pixels wide; more points only cost
 # the mesh page's own origin only, and never inside a frame (clickjacking)
-PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
-                "object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
-                "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer"}
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
+    "object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
 
 
 class ApiError(Exception):
@@ -73,15 +82,21 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
         yield
         ctl.stop()
 
-    app = FastAPI(title="meshkeeper controller", version="0.1.0", lifespan=lifespan,
-                  responses=_errors(404, 409, 422, 503),
-                  description="Elastic, fault-tolerant 3D-parallel training. See DESIGN.md. "
-                              "Every /v1 endpoint and /metrics needs a bearer token (docs/security.md).")
+    app = FastAPI(
+        title="meshkeeper controller",
+        version="0.1.0",
+        lifespan=lifespan,
+        responses=_errors(404, 409, 422, 503),
+        description="Elastic, fault-tolerant 3D-parallel training (docs/architecture.md). "
+        "Every /v1 endpoint and /metrics needs a bearer token (docs/security.md).",
+    )
     app.state.auth = auth  # the agents' join router checks the join token with it
     _install_error_handlers(app)
     _install_openapi(app)
     alive_s = ctl.cfg.scheduler.worker_alive_s
-    reader, submitter, admin, scraper = (Depends(auth.require(r)) for r in (READ, SUBMIT, ADMIN, METRICS))
+    reader, submitter, admin, scraper = (
+        Depends(auth.require(r)) for r in (READ, SUBMIT, ADMIN, METRICS)
+    )
     denied = _errors(401, 403)
 
     @app.middleware("http")
@@ -98,25 +113,49 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
         t0 = time.perf_counter()
         response = await call_next(request)
         route = request.scope.get("route")
-        ctl.metrics.http_seconds.labels(request.method, getattr(route, "path", "unmatched")).observe(
-            time.perf_counter() - t0)
+        ctl.metrics.http_seconds.labels(
+            request.method, getattr(route, "path", "unmatched")
+        ).observe(time.perf_counter() - t0)
         return response
 
     def load_job(job_id: str) -> Job:
         if not JOB_ID_RE.match(job_id):
-            raise ApiError(422, f"job id {job_id!r} is malformed",
-                           [{"field": "path.job_id", "message": "a job id is lowercase letters, "
-                             "digits and '-' (as returned by POST /v1/jobs)"}])
+            raise ApiError(
+                422,
+                f"job id {job_id!r} is malformed",
+                [
+                    {
+                        "field": "path.job_id",
+                        "message": "a job id is lowercase letters, "
+                        "digits and '-' (as returned by POST /v1/jobs)",
+                    }
+                ],
+            )
         job = Job.from_hash(job_id, ctl.store.job(job_id))
         if job is None:
             raise ApiError(404, f"job {job_id!r} not found; list jobs with GET /v1/jobs")
         return job
 
-    @app.post("/v1/jobs", status_code=201, tags=["jobs"], response_model=api.Submitted,
-              responses={**denied, **_errors(413, 415)},
-              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-                  "schema": {"$ref": "#/components/schemas/JobSpec"},
-                  "examples": {"tiny": {"summary": "a tiny 2-rank job", "value": EXAMPLE_SPEC}}}}}})
+    @app.post(
+        "/v1/jobs",
+        status_code=201,
+        tags=["jobs"],
+        response_model=api.Submitted,
+        responses={**denied, **_errors(413, 415)},
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {"$ref": "#/components/schemas/JobSpec"},
+                        "examples": {
+                            "tiny": {"summary": "a tiny 2-rank job", "value": EXAMPLE_SPEC}
+                        },
+                    }
+                },
+            }
+        },
+    )
     async def submit(request: Request, who: Principal = submitter) -> dict:
         """Submit a job spec (JSON, `Content-Type: application/json`). 201 with the job id;
         422 lists every problem. The job's owner is the token's name."""
@@ -124,34 +163,72 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
         try:
             spec = parse_spec(data)
             # what can never run here: paths outside the roots, over quota, beyond the pool
-            await run_in_threadpool(admit, spec, who.name, ctl.store, ctl.cfg.admission,
-                                    ctl.cfg.scheduler.quotas, alive_s)
+            await run_in_threadpool(
+                admit,
+                spec,
+                who.name,
+                ctl.store,
+                ctl.cfg.admission,
+                ctl.cfg.scheduler.quotas,
+                alive_s,
+            )
         except SpecError as e:
-            raise ApiError(422, f"invalid job spec: {len(e.problems)} problem(s)",
-                           [{"field": p.field, "message": p.message} for p in e.problems])
-        job = await run_in_threadpool(jobs.submit, ctl.store, spec, who.name)  # Redis is blocking I/O
+            raise ApiError(
+                422,
+                f"invalid job spec: {len(e.problems)} problem(s)",
+                [{"field": p.field, "message": p.message} for p in e.problems],
+            ) from None
+        # Redis is blocking I/O
+        job = await run_in_threadpool(jobs.submit, ctl.store, spec, who.name)
         return {"id": job.id, "phase": job.phase}
 
-    @app.get("/v1/jobs", tags=["jobs"], response_model=api.JobList, responses=denied,
-             dependencies=[reader])
-    def list_jobs(phase: Annotated[str | None, Query(description=f"one of {', '.join(PHASES)}",
-                                                     json_schema_extra={"enum": list(PHASES)})] = None,
-                  limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict:
+    @app.get(
+        "/v1/jobs",
+        tags=["jobs"],
+        response_model=api.JobList,
+        responses=denied,
+        dependencies=[reader],
+    )
+    def list_jobs(
+        phase: Annotated[
+            str | None,
+            Query(
+                description=f"one of {', '.join(PHASES)}", json_schema_extra={"enum": list(PHASES)}
+            ),
+        ] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> dict:
         if phase is not None and phase not in PHASES:
-            raise ApiError(422, f"unknown phase {phase!r}",
-                           [{"field": "query.phase", "message": f"use one of {', '.join(PHASES)}"}])
+            raise ApiError(
+                422,
+                f"unknown phase {phase!r}",
+                [{"field": "query.phase", "message": f"use one of {', '.join(PHASES)}"}],
+            )
         ids = ctl.store.job_ids(last=0 if phase else limit)  # a phase filter reads them all
-        out = [job_summary(j) for j in (Job.from_hash(i, h) for i, h in ctl.store.jobs(ids).items())
-               if j and (phase is None or j.phase == phase)]
+        out = [
+            job_summary(j)
+            for j in (Job.from_hash(i, h) for i, h in ctl.store.jobs(ids).items())
+            if j and (phase is None or j.phase == phase)
+        ]
         return {"jobs": out[-limit:]}
 
-    @app.get("/v1/jobs/{job_id}", tags=["jobs"], response_model=api.JobStatus, responses=denied,
-             dependencies=[reader])
+    @app.get(
+        "/v1/jobs/{job_id}",
+        tags=["jobs"],
+        response_model=api.JobStatus,
+        responses=denied,
+        dependencies=[reader],
+    )
     def get_job(job_id: JobId) -> dict:
         return job_status(ctl.store, load_job(job_id), alive_s)
 
-    @app.delete("/v1/jobs/{job_id}", status_code=202, tags=["jobs"], response_model=api.CancelAccepted,
-                responses=denied)
+    @app.delete(
+        "/v1/jobs/{job_id}",
+        status_code=202,
+        tags=["jobs"],
+        response_model=api.CancelAccepted,
+        responses=denied,
+    )
     def cancel_job(job_id: JobId, who: Principal = submitter) -> dict:
         """Request cancellation; the lease holder stops every rank and frees the workers.
         A submitter cancels only its own jobs; an admin any."""
@@ -162,26 +239,74 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
         ctl.store.request_cancel(job_id)
         return {"id": job_id, "phase": job.phase, "cancel_requested": True}
 
-    @app.get("/v1/jobs/{job_id}/events", tags=["jobs"], response_model=api.EventList, responses=denied,
-             dependencies=[reader])
-    def job_events(job_id: JobId, after: Annotated[str, Query(
-                       description="the id of the last event already seen (like 1700000000000-0), or '-'",
-                       json_schema_extra={"pattern": f"^(-|{STREAM_ID_RE.pattern[1:-1]})$"})] = "-",
-                   limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict:
+    @app.get(
+        "/v1/jobs/{job_id}/events",
+        tags=["jobs"],
+        response_model=api.EventList,
+        responses=denied,
+        dependencies=[reader],
+    )
+    def job_events(
+        job_id: JobId,
+        after: Annotated[
+            str,
+            Query(
+                description="the id of the last event already seen (like 1700000000000-0), or '-'",
+                json_schema_extra={"pattern": f"^(-|{STREAM_ID_RE.pattern[1:-1]})$"},
+            ),
+        ] = "-",
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> dict:
         load_job(job_id)
         if after == "-":
             return {"events": ctl.store.events(job_id, after, limit)}
         if not STREAM_ID_RE.match(after):
-            raise ApiError(422, f"after={after!r} is not an event id",
-                           [{"field": "query.after", "message": "use an event 'id' from an earlier "
-                             "answer (like 1700000000000-0), or omit it"}])
+            raise ApiError(
+                422,
+                f"after={after!r} is not an event id",
+                [
+                    {
+                        "field": "query.after",
+                        "message": "use an event 'id' from an earlier "
+                        "answer (like 1700000000000-0), or omit it",
+                    }
+                ],
+            )
         ms, seq = (int(x) for x in after.split("-"))
         if ms > MAX_STREAM_PART or (ms == MAX_STREAM_PART and seq >= MAX_STREAM_PART):
             return {"events": []}  # nothing can follow (and Redis refuses such a bound)
         return {"events": ctl.store.events(job_id, f"{ms}-{min(seq, MAX_STREAM_PART)}", limit)}
 
-    @app.get("/v1/workers", tags=["workers"], response_model=api.WorkerList, responses=denied,
-             dependencies=[reader])
+    @app.get(
+        "/v1/jobs/{job_id}/history",
+        tags=["jobs"],
+        response_model=api.JobHistory,
+        responses=denied,
+        dependencies=[reader],
+    )
+    def job_history(
+        job_id: JobId,
+        max_points: Annotated[
+            int,
+            Query(
+                ge=2,
+                le=MAX_HISTORY_POINTS,
+                description="at most this many points: the first, the last, and the "
+                "last point of each bucket of steps between them",
+            ),
+        ] = 1000,
+    ) -> dict:
+        """The job's whole training history (loss, throughput, step time per step),
+        downsampled, with its recoveries and checkpoint commits (the mesh page's charts)."""
+        return history.job_history(ctl.store, load_job(job_id), max_points)
+
+    @app.get(
+        "/v1/workers",
+        tags=["workers"],
+        response_model=api.WorkerList,
+        responses=denied,
+        dependencies=[reader],
+    )
     def list_workers() -> dict:
         return {"workers": workers_status(ctl.store, alive_s)}
 
@@ -189,8 +314,10 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
     def bootstrap() -> dict:
         """Where Redis is, for operators (admin only; never with credentials: agents get
         their own with POST /v1/agents/join)."""
-        return {"redis_url": without_credentials(ctl.cfg.agent_redis_url or ctl.cfg.redis_url),
-                "prefix": ctl.cfg.prefix}
+        return {
+            "redis_url": without_credentials(ctl.cfg.agent_redis_url or ctl.cfg.redis_url),
+            "prefix": ctl.cfg.prefix,
+        }
 
     @app.get("/healthz", tags=["ops"])
     def healthz() -> dict:
@@ -201,8 +328,9 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
         ctl.store.ping()  # RedisError -> 503 through the handler
         return {"status": "ready", "redis": "ok", "leader": ctl.leading}
 
-    @app.get("/metrics", tags=["ops"], responses=denied, dependencies=[scraper],
-             response_class=Response)
+    @app.get(
+        "/metrics", tags=["ops"], responses=denied, dependencies=[scraper], response_class=Response
+    )
     def metrics() -> Response:
         return Response(generate_latest(ctl.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -227,9 +355,11 @@ async def _read_json(request: Request) -> Any:
     nested at most MAX_DEPTH deep."""
     ctype = request.headers.get("content-type", "")
     if ctype.split(";")[0].strip().lower() != "application/json":
-        raise ApiError(415, f"the body must be sent as Content-Type: application/json, not "
-                            f"{ctype or 'none'!r}",
-                       [{"field": "header.content-type", "message": "use application/json"}])
+        raise ApiError(
+            415,
+            f"the body must be sent as Content-Type: application/json, not {ctype or 'none'!r}",
+            [{"field": "header.content-type", "message": "use application/json"}],
+        )
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY:
         raise ApiError(413, f"the body is {declared} bytes; the limit is {MAX_BODY}")
@@ -244,14 +374,19 @@ async def _read_json(request: Request) -> Any:
         data = None  # nested past the parser's own limit: reported below as too deep
         depth = MAX_DEPTH + 1
     except ValueError as e:
-        raise ApiError(422, "the request body is not valid JSON",
-                       [{"field": "(body)", "message": f"{e}; send the spec as a JSON object"}])
+        raise ApiError(
+            422,
+            "the request body is not valid JSON",
+            [{"field": "(body)", "message": f"{e}; send the spec as a JSON object"}],
+        ) from None
     else:
         depth = _depth(data, MAX_DEPTH)
     if depth > MAX_DEPTH:
-        raise ApiError(422, f"the JSON body is nested deeper than {MAX_DEPTH} levels",
-                       [{"field": "(body)", "message": f"nest objects and arrays at most "
-                                                       f"{MAX_DEPTH} deep"}])
+        raise ApiError(
+            422,
+            f"the JSON body is nested deeper than {MAX_DEPTH} levels",
+            [{"field": "(body)", "message": f"nest objects and arrays at most {MAX_DEPTH} deep"}],
+        )
     return data
 
 
@@ -271,10 +406,12 @@ def _depth(value: Any, limit: int) -> int:
 def _install_openapi(app: FastAPI) -> None:
     """The JobSpec schema with its definitions in components/schemas, so every $ref resolves
     (pydantic puts them under a local $defs that means nothing inside an OpenAPI document)."""
+
     def openapi() -> dict:
         if app.openapi_schema is None:
-            doc = get_openapi(title=app.title, version=app.version, description=app.description,
-                              routes=app.routes)
+            doc = get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes
+            )
             spec = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas = doc.setdefault("components", {}).setdefault("schemas", {})
             clash = (set(spec.get("$defs", {})) | {"JobSpec"}) & set(schemas)
@@ -284,6 +421,7 @@ def _install_openapi(app: FastAPI) -> None:
             schemas["JobSpec"] = {**spec, "examples": [EXAMPLE_SPEC]}
             app.openapi_schema = doc
         return app.openapi_schema
+
     app.openapi = openapi
 
 
@@ -301,10 +439,15 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(_: Request, e: RequestValidationError) -> JSONResponse:
-        problems = [{"field": ".".join(str(x) for x in err["loc"]), "message": err["msg"]}
-                    for err in e.errors()]
-        return _error(422, "invalid request: " + "; ".join(f"{p['field']}: {p['message']}"
-                                                           for p in problems), problems)
+        problems = [
+            {"field": ".".join(str(x) for x in err["loc"]), "message": err["msg"]}
+            for err in e.errors()
+        ]
+        return _error(
+            422,
+            "invalid request: " + "; ".join(f"{p['field']}: {p['message']}" for p in problems),
+            problems,
+        )
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:
@@ -316,9 +459,16 @@ def _install_error_handlers(app: FastAPI) -> None:
         response = _error(e.status_code, str(detail))
         response.headers.update(e.headers or {})
         if e.status_code == 405:  # every method of the path (starlette names one route's only)
-            response.headers["Allow"] = ", ".join(sorted(
-                {m for r in request.app.router.routes if isinstance(r, APIRoute)
-                 and r.matches(request.scope)[0] != Match.NONE for m in r.methods}))
+            response.headers["Allow"] = ", ".join(
+                sorted(
+                    {
+                        m
+                        for r in request.app.router.routes
+                        if isinstance(r, APIRoute) and r.matches(request.scope)[0] != Match.NONE
+                        for m in r.methods
+                    }
+                )
+            )
         return response
 
     @app.exception_handler(redis.RedisError)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
 
 from fastapi import Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -30,14 +30,21 @@ SUBMIT = ("submitter", "admin")
 ADMIN = ("admin",)
 METRICS = ("viewer", "submitter", "admin", "scrape")
 
-HOW_TO = ("send `Authorization: Bearer TOKEN` (the CLI reads MESHKEEPER_TOKEN or "
-          "MESHKEEPER_TOKEN_FILE; `meshkeeper up` writes tokens under its run dir's secrets/)")
+HOW_TO = (
+    "send `Authorization: Bearer TOKEN` (the CLI reads MESHKEEPER_TOKEN or "
+    "MESHKEEPER_TOKEN_FILE; `meshkeeper up` writes tokens under its run dir's secrets/)"
+)
 # plaintext tokens some deployments pass through the environment: (variable, name, role)
-ENV_TOKENS = (("MESHKEEPER_API_TOKEN", "admin", "admin"),
-              ("MESHKEEPER_SCRAPE_TOKEN", "prometheus", "scrape"))
+ENV_TOKENS = (
+    ("MESHKEEPER_API_TOKEN", "admin", "admin"),
+    ("MESHKEEPER_SCRAPE_TOKEN", "prometheus", "scrape"),
+)
 
-bearer = HTTPBearer(auto_error=False, scheme_name="bearer",
-                    description="an API token; roles viewer, submitter, admin, scrape")
+bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="bearer",
+    description="an API token; roles viewer, submitter, admin, scrape",
+)
 
 
 @dataclass(frozen=True)
@@ -58,14 +65,17 @@ class Denied(Exception):
 
 
 class Auth:
-    def __init__(self, tokens: Iterable[TokenEntry], join_hashes: Iterable[str] = (),
-                 insecure: bool = False):
+    def __init__(
+        self, tokens: Iterable[TokenEntry], join_hashes: Iterable[str] = (), insecure: bool = False
+    ):
         self.tokens = tuple(tokens)
         self.join_hashes = tuple(join_hashes)
         self.insecure = insecure
 
     @classmethod
-    def load(cls, auth_file: str | Path | None, env: Mapping[str, str], insecure: bool = False) -> "Auth":
+    def load(
+        cls, auth_file: str | Path | None, env: Mapping[str, str], insecure: bool = False
+    ) -> Auth:
         """Tokens of the auth file plus the env tokens. Raises TokenError (a bad auth file)."""
         tokens, joins = [], []
         if auth_file:
@@ -105,38 +115,54 @@ class Auth:
 
     def require(self, roles: tuple[str, ...]) -> Callable[..., Principal]:
         """A FastAPI dependency: the caller's Principal if its role is one of `roles`."""
-        def dependency(request: Request,
-                       cred: HTTPAuthorizationCredentials | None = Security(bearer)) -> Principal:
+
+        def dependency(
+            request: Request, cred: HTTPAuthorizationCredentials | None = Security(bearer)
+        ) -> Principal:
             what = f"{request.method} {request.url.path}"
             if cred is None and not self.insecure:
-                raise Denied(401, f"{what} needs a bearer token; {HOW_TO}", 'Bearer realm="meshkeeper"')
+                raise Denied(
+                    401, f"{what} needs a bearer token; {HOW_TO}", 'Bearer realm="meshkeeper"'
+                )
             who = self.identify(cred.credentials if cred else None)
             if who is None:
-                raise Denied(401, f"the bearer token is not valid (unknown or revoked); {HOW_TO}",
-                             'Bearer realm="meshkeeper", error="invalid_token"')
+                raise Denied(
+                    401,
+                    f"the bearer token is not valid (unknown or revoked); {HOW_TO}",
+                    'Bearer realm="meshkeeper", error="invalid_token"',
+                )
             if who.role not in roles:
-                raise Denied(403, f"token {who.name!r} has role {who.role}; {what} needs "
-                                  f"{' or '.join(roles)}")
+                raise Denied(
+                    403,
+                    f"token {who.name!r} has role {who.role}; {what} needs {' or '.join(roles)}",
+                )
             return who
+
         return dependency
 
 
 def may_cancel(who: Principal, job_id: str, owner: str | None) -> None:
     """Admins cancel any job; a submitter only the jobs its token submitted."""
     if not who.admin and owner != who.name:
-        raise Denied(403, f"job {job_id} belongs to {owner or 'nobody recorded'}; token "
-                          f"{who.name!r} (role {who.role}) may cancel only its own jobs")
+        raise Denied(
+            403,
+            f"job {job_id} belongs to {owner or 'nobody recorded'}; token "
+            f"{who.name!r} (role {who.role}) may cancel only its own jobs",
+        )
 
 
 def refuse_without_admin(auth: Auth) -> str | None:
     """Why this controller must not start (None: it may). Logs the insecure mode loudly."""
     if auth.insecure:
-        log.warning("*** --insecure-no-auth: EVERY request is admin, with no token. Only for "
-                    "throwaway experiments on a trusted machine. ***")
+        log.warning(
+            "*** --insecure-no-auth: EVERY request is admin, with no token. Only for "
+            "throwaway experiments on a trusted machine. ***"
+        )
         return None
     if auth.has_admin:
         return None
-    return ("no admin token is configured: pass --auth-file PATH (env MESHKEEPER_AUTH_FILE; "
-            "`meshkeeper up` generates {run-dir}/secrets/auth.json) or set MESHKEEPER_API_TOKEN; "
-            "--insecure-no-auth runs without authentication (throwaway experiments only)")
-
+    return (
+        "no admin token is configured: pass --auth-file PATH (env MESHKEEPER_AUTH_FILE; "
+        "`meshkeeper up` generates {run-dir}/secrets/auth.json) or set MESHKEEPER_API_TOKEN; "
+        "--insecure-no-auth runs without authentication (throwaway experiments only)"
+    )

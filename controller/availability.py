@@ -1,4 +1,5 @@
-"""Redis's availability as this controller sees it, so that silence is judged fairly (DESIGN.md 7).
+"""Redis's availability as this controller sees it, so that silence is judged fairly
+(docs/architecture.md, "Failure handling").
 
 A worker's heartbeat age means "this worker is gone" only if Redis could take its beats all
 along. When Redis stalls (SIGSTOP, a long fork, a full disk, a partition) or restarts, every
@@ -33,7 +34,7 @@ import logging
 import math
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 import redis
 
@@ -69,21 +70,31 @@ class RedisAvailability:
         now = self._clock()
         if self._last_ok is None:
             self._gaps.append((now, math.inf))  # this controller's start: nothing known before
-            log.info("Redis reachable; heartbeat silence is judged once it has stayed so for "
-                     "a job's dead_after_s")
+            log.info(
+                "Redis reachable; heartbeat silence is judged once it has stayed so for "
+                "a job's dead_after_s"
+            )
         else:
             gap = now - self._last_ok
             if gap > GAP_FLOOR_S:
                 self._gaps.append((now, gap))
             if self._down_since is not None:
                 self.gaps += 1
-                log.warning("Redis is back after %.1fs without a successful round trip; heartbeat "
-                            "and progress silence is not judged until it has stayed up for a "
-                            "job's dead_after_s", gap)
-            elif gap > LOG_GAP_S:  # a stall without errors: one call (or the pass) just took that long
+                log.warning(
+                    "Redis is back after %.1fs without a successful round trip; heartbeat "
+                    "and progress silence is not judged until it has stayed up for a "
+                    "job's dead_after_s",
+                    gap,
+                )
+            elif (
+                gap > LOG_GAP_S
+            ):  # a stall without errors: one call (or the pass) just took that long
                 self.gaps += 1
-                log.warning("Redis (or this controller) stalled: %.1fs between successful round "
-                            "trips; silence is not judged for a job's dead_after_s", gap)
+                log.warning(
+                    "Redis (or this controller) stalled: %.1fs between successful round "
+                    "trips; silence is not judged for a job's dead_after_s",
+                    gap,
+                )
         self._down_since = None
         self._last_ok = now
         if uptime_s is not None:
@@ -93,8 +104,11 @@ class RedisAvailability:
             elif started > self._redis_started + 2.0:  # the whole seconds jitter by < 1 s
                 self.restarts += 1
                 self._redis_started = started
-                log.warning("Redis restarted %ds ago; heartbeats written before are not judged "
-                            "until it has been up for a job's dead_after_s", uptime_s)
+                log.warning(
+                    "Redis restarted %ds ago; heartbeats written before are not judged "
+                    "until it has been up for a job's dead_after_s",
+                    uptime_s,
+                )
             else:
                 self._redis_started = max(self._redis_started, started)
 
@@ -102,8 +116,11 @@ class RedisAvailability:
         """A round trip failed (connection refused, timeout, loading)."""
         if self._down_since is None:
             self._down_since = self._clock()
-            log.warning("Redis unavailable to the controller (%s); no worker is judged dead "
-                        "while it is away", error)
+            log.warning(
+                "Redis unavailable to the controller (%s); no worker is judged dead "
+                "while it is away",
+                error,
+            )
 
     # -- the question --------------------------------------------------------------------
     @property

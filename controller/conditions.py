@@ -11,8 +11,9 @@ TERMINAL = ("Succeeded", "Failed", "Cancelled")
 PHASES = ("Pending", "Running", "Recovering", *TERMINAL)
 
 
-def set_condition(conds: list[dict], type_: str, status: bool, reason: str, message: str,
-                  now: float) -> bool:
+def set_condition(
+    conds: list[dict], type_: str, status: bool, reason: str, message: str, now: float
+) -> bool:
     """Set one condition in place; returns whether anything changed."""
     assert type_ in TYPES, type_
     st = "True" if status else "False"
@@ -24,8 +25,15 @@ def set_condition(conds: list[dict], type_: str, status: bool, reason: str, mess
                 c["lastTransitionTime"] = now
             c.update(status=st, reason=reason, message=message)
             return True
-    conds.append({"type": type_, "status": st, "reason": reason, "message": message,
-                  "lastTransitionTime": now})
+    conds.append(
+        {
+            "type": type_,
+            "status": st,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": now,
+        }
+    )
     return True
 
 

@@ -1,6 +1,8 @@
-"""Which ranks of a running job are faulty, and since when (DESIGN.md section 7).
+"""Which ranks of a running job are faulty, and since when (docs/architecture.md, "Failure
+handling").
 
-Pure functions of the rank view (controller/ranks.py) and Redis server time `now`:
+Pure functions of the rank view (controller/ranks.py, `RankStatus` per rank) and Redis
+server time `now`; each fault found is a `FaultRecord` (services/records.py):
 - a trainer killed by a signal, or a rank on a worker whose heartbeat is older than
   `dead_after_s`, is a root cause;
 - a rank whose progress is frozen past `hang_after_s` while its worker heartbeats is hung
@@ -19,109 +21,134 @@ entered more than the rank they wait for.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
 
+from services.api import RankStatus
 from services.assignment import FROZEN_PROC_STATES
+from services.records import FaultRecord
 
-STARTUP_GRACE_S = 300.0  # per start-up milestone (import, rendezvous, restore): loaded hosts are slow
+STARTUP_GRACE_S = (
+    300.0  # per start-up milestone (import, rendezvous, restore): loaded hosts are slow
+)
 DETERMINISTIC_EXITS = {2: "invalid spec or data", 3: "non-finite loss or gradient"}
 BLAMELESS = ("TrainerFailed", "JobStalled")  # restart the same workers: none is at fault
 
 
-@dataclass(frozen=True)
-class Fault:
-    cause: str  # TrainerKilled | WorkerDead | RankHung | Straggler | TrainerFailed
-    rank: int
-    worker: str
-    coord: dict
-    fault_at: float
-    detail: str
-
-    def to_json(self) -> dict:
-        return {"cause": self.cause, "rank": self.rank, "worker": self.worker, "coord": self.coord,
-                "fault_at": self.fault_at, "detail": self.detail}
+def fault(cause: str, r: RankStatus, fault_at: float, detail: str) -> FaultRecord:
+    return FaultRecord(
+        cause=cause,
+        rank=r.rank,
+        worker=r.worker,
+        coord=r.coord.model_dump(),
+        fault_at=fault_at,
+        detail=detail,
+    )
 
 
-def _num(v, default: float) -> float:
-    return float(v) if isinstance(v, (int, float)) else default
+def _num(v: float | None, default: float) -> float:
+    return default if v is None else float(v)
 
 
-def dead_or_killed(ranks: list[dict], seen: dict[str, float] | None, dead_after_s: float,
-                   now: float) -> list[Fault]:
+def dead_or_killed(
+    ranks: list[RankStatus], seen: dict[str, float] | None, dead_after_s: float, now: float
+) -> list[FaultRecord]:
     """`seen` None: heartbeats cannot be judged now (Redis itself just restarted)."""
     out = []
     for r in ranks:
-        last_beat = seen.get(r["worker"], 0.0) if seen is not None else now
-        if r["state"] not in ("succeeded",) and now - last_beat > dead_after_s:
-            out.append(Fault("WorkerDead", r["rank"], r["worker"], r["coord"], last_beat,
-                             f"worker {r['worker']} silent for {now - last_beat:.1f}s "
-                             f"(dead_after_s {dead_after_s})"))
-        elif r["state"] == "failed" and _num(r.get("exit_code"), 0) < 0:
-            out.append(Fault("TrainerKilled", r["rank"], r["worker"], r["coord"],
-                             _num(r.get("exited_at"), now), f"trainer killed by signal {-int(r['exit_code'])}"))
+        last_beat = seen.get(r.worker, 0.0) if seen is not None else now
+        if r.state != "succeeded" and now - last_beat > dead_after_s:
+            out.append(
+                fault(
+                    "WorkerDead",
+                    r,
+                    last_beat,
+                    f"worker {r.worker} silent for {now - last_beat:.1f}s "
+                    f"(dead_after_s {dead_after_s})",
+                )
+            )
+        elif r.state == "failed" and r.exit_code is not None and r.exit_code < 0:
+            out.append(
+                fault(
+                    "TrainerKilled",
+                    r,
+                    _num(r.exited_at, now),
+                    f"trainer killed by signal {-r.exit_code}",
+                )
+            )
     return out
 
 
-def deterministic_failure(ranks: list[dict]) -> str | None:
+def deterministic_failure(ranks: list[RankStatus]) -> str | None:
     """A message when a rank exited for a reason a restart would repeat."""
     for r in ranks:
-        code = r.get("exit_code")
-        if r["state"] == "failed" and code in DETERMINISTIC_EXITS:
-            return (f"rank {r['rank']} exited with code {code} ({DETERMINISTIC_EXITS[code]}): "
-                    f"{r.get('error') or 'see ' + str(r.get('log'))}")
+        code = r.exit_code
+        if r.state == "failed" and code in DETERMINISTIC_EXITS:
+            return (
+                f"rank {r.rank} exited with code {code} ({DETERMINISTIC_EXITS[code]}): "
+                f"{r.error or 'see ' + str(r.log)}"
+            )
     return None
 
 
-def _mib(n) -> str:
+def _mib(n: object) -> str:
     return f"{n / 2**20:,.0f} MiB" if isinstance(n, (int, float)) and n > 0 else "unknown"
 
 
-def out_of_memory(ranks: list[dict]) -> str | None:
+def out_of_memory(ranks: list[RankStatus]) -> str | None:
     """A message when the kernel OOM-killed a rank's trainer (its agent read the trainer's
     memory cgroup oom_kill count rise, with exit status SIGKILL). A spare has the same memory,
     so replacing or restarting would only be killed again: the job fails, naming the fix."""
     for r in ranks:
-        oom = r.get("oom")
-        if r["state"] == "failed" and isinstance(oom, dict):
-            c = r["coord"]
+        oom = r.oom
+        if r.state == "failed" and isinstance(oom, dict):
+            c = r.coord
             limit = f", memory cgroup limit {_mib(oom.get('limit'))}" if oom.get("limit") else ""
-            return (f"rank {r['rank']} (dp={c['dp']} pp={c['pp']} tp={c['tp']}) on worker {r['worker']} "
-                    f"was killed by the kernel OOM killer: peak memory (RSS) {_mib(oom.get('peak_rss') or r.get('peak_rss'))}"
-                    f"{limit} (evidence: {oom.get('evidence', 'oom_kill counter')}). Fewer parameters and "
-                    f"optimizer state per rank fix it: raise parallel.pp or parallel.tp, use parallel.zero 3, "
-                    f"or run on workers with more memory")
+            peak = _mib(oom.get("peak_rss") or r.peak_rss)
+            return (
+                f"rank {r.rank} (dp={c.dp} pp={c.pp} tp={c.tp}) on worker {r.worker} "
+                f"was killed by the kernel OOM killer: peak memory (RSS) {peak}"
+                f"{limit} (evidence: {oom.get('evidence', 'oom_kill counter')}). Fewer "
+                f"parameters and optimizer state per rank fix it: raise parallel.pp or "
+                f"parallel.tp, use parallel.zero 3, or run on workers with more memory"
+            )
     return None
 
 
-def collateral_only(ranks: list[dict], now: float) -> list[Fault]:
+def collateral_only(ranks: list[RankStatus], now: float) -> list[FaultRecord]:
     """Ranks that failed with an error and no root cause was found: restart them in place."""
-    return [Fault("TrainerFailed", r["rank"], r["worker"], r["coord"], _num(r.get("exited_at"), now),
-                  f"trainer exited with code {r.get('exit_code')}")
-            for r in ranks if r["state"] == "failed"]
+    return [
+        fault("TrainerFailed", r, _num(r.exited_at, now), f"trainer exited with code {r.exit_code}")
+        for r in ranks
+        if r.state == "failed"
+    ]
 
 
-def hung(ranks: list[dict], hang_after_s: float, now: float) -> list[Fault]:
+def hung(ranks: list[RankStatus], hang_after_s: float, now: float) -> list[FaultRecord]:
     out = []
     for r in ranks:
-        if r["state"] not in ("starting", "running", "assigned"):
+        if r.state not in ("starting", "running", "assigned"):
             continue
-        since = r.get("progress_at")
-        bound = hang_after_s if r.get("first_step_at") else max(hang_after_s, STARTUP_GRACE_S)
-        if isinstance(since, (int, float)) and now - since > bound:
-            out.append(Fault("RankHung", r["rank"], r["worker"], r["coord"], since,
-                             f"no progress for {now - since:.1f}s at step {r.get('step')} "
-                             f"(bound {bound:.0f}s) while its worker heartbeats"))
+        since = r.progress_at
+        bound = hang_after_s if r.first_step_at else max(hang_after_s, STARTUP_GRACE_S)
+        if since is not None and now - since > bound:
+            out.append(
+                fault(
+                    "RankHung",
+                    r,
+                    since,
+                    f"no progress for {now - since:.1f}s at step {r.step} "
+                    f"(bound {bound:.0f}s) while its worker heartbeats",
+                )
+            )
     return out
 
 
-def _entered(r: dict) -> int:
+def _entered(r: RankStatus) -> int:
     """Collective phases entered; -1 for a rank that never reported any (no trainer file yet,
     or no report from its agent at all): it is behind every rank that entered one."""
-    v = r.get("coll_entered")
-    return v if isinstance(v, int) else -1
+    return -1 if r.coll_entered is None else r.coll_entered
 
 
-def waited_on(ranks: list[dict]) -> tuple[list[dict], str] | None:
+def waited_on(ranks: list[RankStatus]) -> tuple[list[RankStatus], str] | None:
     """The ranks a hung world waits for, by collective progress, and why; None when the
     counters do not tell (nobody inside a collective, or every rank at the same count).
 
@@ -130,34 +157,38 @@ def waited_on(ranks: list[dict]) -> tuple[list[dict], str] | None:
     has entered fewer: it is spinning, computing or stuck before its next collective. The
     lowest count is blamed (ranks in between are waiting in an earlier collective of a
     subgroup, on it)."""
-    live = [r for r in ranks if r["state"] in ("assigned", "starting", "running")]
+    live = [r for r in ranks if r.state in ("assigned", "starting", "running")]
     if len(live) < 2:
         return None
     top = max(_entered(r) for r in live)
-    inside = [r for r in live if _entered(r) == top and (r.get("coll_left") or 0) < top]
+    inside = [r for r in live if _entered(r) == top and (r.coll_left or 0) < top]
     if top <= 0 or not inside:
         return None
     low = min(_entered(r) for r in live)
     if low == top:
         return None
     behind = [r for r in live if _entered(r) == low]
-    what = "never reported collective progress" if low < 0 else (
-        f"entered {low} collective phases and left {behind[0].get('coll_left')}")
-    return behind, (f"{what}, while rank(s) {sorted(r['rank'] for r in inside)} wait inside "
-                    f"collective phase {top}")
+    what = (
+        "never reported collective progress"
+        if low < 0
+        else (f"entered {low} collective phases and left {behind[0].coll_left}")
+    )
+    return behind, (
+        f"{what}, while rank(s) {sorted(r.rank for r in inside)} wait inside collective phase {top}"
+    )
 
 
-def busy_while_others_wait(ranks: list[dict]) -> list[dict]:
+def busy_while_others_wait(ranks: list[RankStatus]) -> list[RankStatus]:
     """Every rank at the same collective count, some burning a core while the rest sleep:
     the busy ones are stuck in their own code inside the phase (the others wait in the
     phase's next collective, which sleeps). Empty when all or none are busy."""
-    live = [r for r in ranks if r["state"] in ("starting", "running")]
-    busy = [r for r in live if r.get("cpu_busy") is True]
-    idle = [r for r in live if r.get("cpu_busy") is False and r.get("proc_state") == "S"]
+    live = [r for r in ranks if r.state in ("starting", "running")]
+    busy = [r for r in live if r.cpu_busy is True]
+    idle = [r for r in live if r.cpu_busy is False and r.proc_state == "S"]
     return busy if busy and idle and len(busy) + len(idle) == len(live) else []
 
 
-def hangs(ranks: list[dict], hang_after_s: float, now: float) -> list[Fault]:
+def hangs(ranks: list[RankStatus], hang_after_s: float, now: float) -> list[FaultRecord]:
     """Hung ranks, blamed with care: in synchronous training one frozen rank freezes all the
     others (they wait for it in a collective), so progress alone cannot tell which it is.
     - A rank whose process cannot run (stopped, stuck in I/O) is the cause.
@@ -174,32 +205,48 @@ def hangs(ranks: list[dict], hang_after_s: float, now: float) -> list[Fault]:
     by_rank = {f.rank: f for f in found}
     since = min(f.fault_at for f in found)
 
-    def blame(r: dict, why: str) -> Fault:
-        base = by_rank[r["rank"]].detail if r["rank"] in by_rank else "no progress"
-        return Fault("RankHung", r["rank"], r["worker"], r["coord"],
-                     _num(r.get("progress_at"), since), f"{base}; {why}")
+    def blame(r: RankStatus, why: str) -> FaultRecord:
+        base = by_rank[r.rank].detail if r.rank in by_rank else "no progress"
+        return fault("RankHung", r, _num(r.progress_at, since), f"{base}; {why}")
 
-    frozen = [r for r in ranks if r.get("proc_state") in FROZEN_PROC_STATES
-              and r["state"] in ("starting", "running")]
+    frozen = [
+        r
+        for r in ranks
+        if r.proc_state in FROZEN_PROC_STATES and r.state in ("starting", "running")
+    ]
     if frozen:
-        return [blame(r, f"its process is {FROZEN_PROC_STATES[r['proc_state']]}") for r in frozen]
+        return [blame(r, f"its process is {FROZEN_PROC_STATES[r.proc_state]}") for r in frozen]
     waited = waited_on(ranks)
     if waited:
         behind, why = waited
         return [blame(r, f"the others wait on it: it {why}") for r in behind]
     spinning = busy_while_others_wait(ranks) if len(by_rank) == len(ranks) else []
     if spinning:
-        return [blame(r, f"it keeps a CPU busy (state {r.get('proc_state')}) at collective phase "
-                         f"{r.get('coll_entered')} while the others sleep in it") for r in spinning]
+        return [
+            blame(
+                r,
+                f"it keeps a CPU busy (state {r.proc_state}) at collective phase "
+                f"{r.coll_entered} while the others sleep in it",
+            )
+            for r in spinning
+        ]
     if len(by_rank) == len(ranks):
         f = min(found, key=lambda f: f.fault_at)
-        return [Fault("JobStalled", f.rank, f.worker, f.coord, f.fault_at,
-                      f"all {len(ranks)} ranks: {f.detail}, all at collective phase "
-                      f"{ {r.get('coll_entered') for r in ranks} }")]
+        return [
+            f.model_copy(
+                update={
+                    "cause": "JobStalled",
+                    "detail": f"all {len(ranks)} ranks: {f.detail}, all at collective phase "
+                    f"{ {r.coll_entered for r in ranks} }",
+                }
+            )
+        ]
     return [f for f in found if now - f.fault_at > 2 * hang_after_s]
 
 
-def straggler(ranks: list[dict], slowdown: float, window: int, now: float) -> Fault | None:
+def straggler(
+    ranks: list[RankStatus], slowdown: float, window: int, now: float
+) -> FaultRecord | None:
     """The slowest rank if it stayed above slowdown x the median for the whole window: even
     its fastest step of the last `window_steps` (`compute_min`) took longer than slowdown x
     the median rank's mean step. A windowed mean alone flags healthy ranks on a shared host:
@@ -207,19 +254,27 @@ def straggler(ranks: list[dict], slowdown: float, window: int, now: float) -> Fa
     it is replaced, then its replacement too (seen in tests/chaos; comparing its fastest step
     with the others' fastest also flagged one). A rank slowed by contention is slow on every
     step, by far more."""
-    full = [r for r in ranks if r["state"] == "running" and (r.get("window_n") or 0) >= window
-            and isinstance(r.get("compute_avg"), (int, float))]
+    full = [
+        r
+        for r in ranks
+        if r.state == "running" and r.window_n >= window and r.compute_avg is not None
+    ]
     if len(full) < 2 or len(full) < len(ranks):
         return None
 
-    def fastest(r: dict) -> float:
-        return r["compute_min"] if isinstance(r.get("compute_min"), (int, float)) else r["compute_avg"]
+    def fastest(r: RankStatus) -> float:
+        return r.compute_min if r.compute_min is not None else r.compute_avg
 
-    median = statistics.median(r["compute_avg"] for r in full)
+    median = statistics.median(r.compute_avg for r in full)
     worst = max(full, key=fastest)
     if median <= 0 or fastest(worst) <= slowdown * median:
         return None
-    return Fault("Straggler", worst["rank"], worst["worker"], worst["coord"], now,
-                 f"compute at least {fastest(worst) * 1e3:.0f} ms on each of the last {window} steps "
-                 f"(mean {worst['compute_avg'] * 1e3:.0f} ms) is {fastest(worst) / median:.2f}x the "
-                 f"median rank's mean {median * 1e3:.0f} ms (bound {slowdown}x)")
+    return fault(
+        "Straggler",
+        worst,
+        now,
+        f"compute at least {fastest(worst) * 1e3:.0f} ms on each of the last {window} "
+        f"steps (mean {worst.compute_avg * 1e3:.0f} ms) is "
+        f"{fastest(worst) / median:.2f}x the median rank's mean {median * 1e3:.0f} ms "
+        f"(bound {slowdown}x)",
+    )

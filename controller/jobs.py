@@ -1,7 +1,8 @@
-"""The job record in `job:{jid}` and the writes that create it.
+"""The job record in `job:{jid}` and the writes that create it (docs/architecture.md,
+"Redis keys").
 
 Submission may happen on any controller replica (it creates a new key); every later write
-goes through the lease holder's fenced transactions (controller/scheduler.py).
+goes through the lease holder's fenced transactions (controller/apply.py).
 """
 
 from __future__ import annotations
@@ -11,18 +12,29 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
 from controller.conditions import condition, phase_of, set_condition
+from controller.ranks import Progress
+from services.api import RankStatus
+from services.records import RecoveryRecord, StragglerFlag
 from services.spec import JobSpec
 from services.store import Store, loads
 
 JOB_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,78}[a-z0-9])?$")
+_RANKS = TypeAdapter(list[RankStatus])
+_RECOVERIES = TypeAdapter(list[RecoveryRecord])
+
+
+def _json(models: list[BaseModel]) -> list[dict] | None:
+    return [m.model_dump(mode="json") for m in models] or None
 
 
 @dataclass
 class Job:
     id: str
     name: str
-    spec: dict
+    spec: JobSpec  # parsed once from the stored JSON (written once, at submission)
     seq: int = 0
     generation: int = 0
     restarts: int = 0
@@ -31,14 +43,14 @@ class Job:
     submitted_at: float | None = None
     started_at: float | None = None
     finished_at: float | None = None
-    step: int = 0
+    step: int = 0  # steps completed; loss, tokens_per_s and step_s are of this step
     loss: float | None = None
     tokens_per_s: float | None = None
     step_s: float | None = None
-    final_ranks: list[dict] = field(default_factory=list)  # the rank view kept once terminal
-    recoveries: list[dict] = field(default_factory=list)  # newest last, bounded
+    final_ranks: list[RankStatus] = field(default_factory=list)  # the rank view once terminal
+    recoveries: list[RecoveryRecord] = field(default_factory=list)  # newest last, bounded
     current: dict = field(default_factory=dict)  # {dp, microbatches} when dp was shrunk
-    flagged: dict = field(default_factory=dict)  # straggler reported (action: report)
+    straggler: StragglerFlag | None = None  # reported, not replaced (action report, no spare)
     owner: str | None = None  # the submitting token's name (None: submitted before auth)
 
     @property
@@ -46,17 +58,28 @@ class Job:
         return phase_of(self.conditions)
 
     @property
-    def open_recovery(self) -> dict | None:
+    def open_recovery(self) -> RecoveryRecord | None:
         r = self.recoveries[-1] if self.recoveries else None
-        return r if r and r.get("completed_at") is None else None
+        return r if r and r.completed_at is None else None
+
+    @property
+    def awaiting_capacity(self) -> bool:
+        """A recovery that stopped the world and waits for workers (the job queues again)."""
+        rec = self.open_recovery
+        return rec is not None and rec.action == "wait" and rec.to_generation is None
 
     @property
     def target_dp(self) -> int:
-        return int(self.spec["parallel"]["dp"])
+        return self.spec.parallel.dp
 
     @property
     def dp(self) -> int:
         return int(self.current.get("dp", self.target_dp))
+
+    @property
+    def ranks(self) -> int:
+        """Ranks at the current dp (what quotas count)."""
+        return self.dp * self.spec.parallel.pp * self.spec.parallel.tp
 
     @property
     def microbatches(self) -> int | None:
@@ -64,15 +87,18 @@ class Job:
 
     @property
     def total_steps(self) -> int:
-        return int(self.spec.get("train", {}).get("steps", 0))
+        return self.spec.train.steps
 
-    def absorb(self, progress: dict) -> None:
-        """Take the latest step, loss and speed of a rank summary (`ranks.summarize`); the
-        step never goes back (a report may be older than what was already stored)."""
-        for k in ("step", "loss", "tokens_per_s", "step_s"):
-            v = progress.get(k)
-            if v is not None and (k != "step" or v >= self.step):
-                setattr(self, k, v)
+    def absorb(self, progress: Progress | None) -> None:
+        """Take step, loss and speed together from one summary (`ranks.summarize`), only if
+        it is not behind what is stored: a report may be older than what was already stored,
+        and mixing fields of two reports showed one step with another step's loss."""
+        if progress is None or progress.step < self.step:
+            return
+        if progress.step == self.step and progress.loss is None:
+            return  # a rank that has not trained in this generation yet: nothing newer
+        self.step, self.loss = progress.step, progress.loss
+        self.tokens_per_s, self.step_s = progress.tokens_per_s, progress.step_s
 
     def condition(self, type_: str) -> dict | None:
         return condition(self.conditions, type_)
@@ -81,32 +107,65 @@ class Job:
         return set_condition(self.conditions, type_, status, reason, message, now)
 
     def fields(self) -> dict[str, Any]:
-        """The controller-owned fields, for HSET (the spec is written once, at submission)."""
-        return {"phase": self.phase, "generation": self.generation, "restarts": self.restarts,
-                "conditions": self.conditions, "started_at": self.started_at,
-                "finished_at": self.finished_at, "step": self.step, "loss": self.loss,
-                "tokens_per_s": self.tokens_per_s, "step_s": self.step_s,
-                "final_ranks": self.final_ranks or None, "recoveries": self.recoveries or None,
-                "current": self.current, "flagged": self.flagged}
+        """The controller-owned fields, for HSET (the spec is written once, at submission).
+        None values are not written (`services.store.flat`)."""
+        return {
+            "phase": self.phase,
+            "generation": self.generation,
+            "restarts": self.restarts,
+            "conditions": self.conditions,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "step": self.step,
+            "loss": self.loss,
+            "tokens_per_s": self.tokens_per_s,
+            "step_s": self.step_s,
+            "final_ranks": _json(self.final_ranks),
+            "recoveries": _json(self.recoveries),
+            "current": self.current,
+            "straggler": self.straggler.model_dump(mode="json") if self.straggler else None,
+        }
 
     @classmethod
-    def from_hash(cls, jid: str, h: dict[str, str]) -> "Job | None":
+    def from_hash(cls, jid: str, h: dict[str, str]) -> Job | None:
+        """None when the record is absent, half-written, or holds a spec or records this
+        version cannot read."""
         if not h or "spec" not in h:
             return None
 
         def num(k: str, conv=float):
             return conv(h[k]) if h.get(k) not in (None, "") else None
 
-        return cls(id=jid, name=h.get("name", jid), spec=loads(h["spec"], {}),
-                   seq=num("seq", int) or 0, generation=num("generation", int) or 0,
-                   restarts=num("restarts", int) or 0, conditions=loads(h.get("conditions"), []),
-                   cancel_requested=h.get("cancel_requested") == "1",
-                   submitted_at=num("submitted_at"), started_at=num("started_at"),
-                   finished_at=num("finished_at"), step=num("step", int) or 0, loss=num("loss"),
-                   tokens_per_s=num("tokens_per_s"), step_s=num("step_s"),
-                   final_ranks=loads(h.get("final_ranks"), []),
-                   recoveries=loads(h.get("recoveries"), []), current=loads(h.get("current"), {}),
-                   flagged=loads(h.get("flagged"), {}), owner=h.get("owner") or None)
+        try:
+            spec = JobSpec.model_validate(loads(h["spec"], {}))
+            final_ranks = _RANKS.validate_python(loads(h.get("final_ranks"), []))
+            recoveries = _RECOVERIES.validate_python(loads(h.get("recoveries"), []))
+            flag = loads(h.get("straggler"))
+            straggler = StragglerFlag.model_validate(flag) if flag else None
+        except ValidationError:
+            return None
+        return cls(
+            id=jid,
+            name=h.get("name", jid),
+            spec=spec,
+            seq=num("seq", int) or 0,
+            generation=num("generation", int) or 0,
+            restarts=num("restarts", int) or 0,
+            conditions=loads(h.get("conditions"), []),
+            cancel_requested=h.get("cancel_requested") == "1",
+            submitted_at=num("submitted_at"),
+            started_at=num("started_at"),
+            finished_at=num("finished_at"),
+            step=num("step", int) or 0,
+            loss=num("loss"),
+            tokens_per_s=num("tokens_per_s"),
+            step_s=num("step_s"),
+            final_ranks=final_ranks,
+            recoveries=recoveries,
+            current=loads(h.get("current"), {}),
+            straggler=straggler,
+            owner=h.get("owner") or None,
+        )
 
 
 def new_job_id(name: str) -> str:
@@ -118,15 +177,35 @@ def submit(store: Store, spec: JobSpec, owner: str) -> Job:
     """Store a validated spec (normalized: presets expanded, defaults filled) as a new job of
     `owner` (the submitting token's name; written once, like the spec)."""
     now = store.now()
-    job = Job(id=new_job_id(spec.name), name=spec.name, spec=spec.model_dump(mode="json"),
-              submitted_at=now, owner=owner)
+    job = Job(id=new_job_id(spec.name), name=spec.name, spec=spec, submitted_at=now, owner=owner)
     p = spec.parallel
-    job.set("Admitted", True, "Validated",
-            f"spec valid: {p.world_size} ranks (dp={p.dp} pp={p.pp} tp={p.tp}) "
-            f"+ {spec.fault_tolerance.spares} spares", now)
+    job.set(
+        "Admitted",
+        True,
+        "Validated",
+        f"spec valid: {p.world_size} ranks (dp={p.dp} pp={p.pp} tp={p.tp}) "
+        f"+ {spec.fault_tolerance.spares} spares",
+        now,
+    )
     job.set("Running", False, "Queued", "waiting for the scheduler", now)
-    store.create_job(job.id, {"id": job.id, "name": job.name, "spec": job.spec, "owner": owner,
-                              "submitted_at": now, **job.fields()})
-    store.add_event(job.id, {"type": "Normal", "reason": "Submitted",
-                             "message": f"job {job.id} admitted", "source": "api"})
+    store.create_job(
+        job.id,
+        {
+            "id": job.id,
+            "name": job.name,
+            "owner": owner,
+            "spec": spec.model_dump(mode="json"),
+            "submitted_at": now,
+            **job.fields(),
+        },
+    )
+    store.add_event(
+        job.id,
+        {
+            "type": "Normal",
+            "reason": "Submitted",
+            "message": f"job {job.id} admitted",
+            "source": "api",
+        },
+    )
     return job

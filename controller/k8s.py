@@ -40,8 +40,14 @@ def parse_selector(text: str) -> dict[str, str]:
 
 
 class KubernetesActions:
-    def __init__(self, api: kubernetes.client.ApiClient, namespace: str, worker_selector: str,
-                 delete_grace_s: int = 10, instance: str = ""):
+    def __init__(
+        self,
+        api: kubernetes.client.ApiClient,
+        namespace: str,
+        worker_selector: str,
+        delete_grace_s: int = 10,
+        instance: str = "",
+    ):
         self.core = kubernetes.client.CoreV1Api(api)
         self.custom = kubernetes.client.CustomObjectsApi(api)
         self.namespace = namespace
@@ -50,14 +56,19 @@ class KubernetesActions:
         self.instance = instance  # this controller's pod, for the Events' reportingInstance
 
     @classmethod
-    def from_environment(cls, env: Mapping[str, str] = os.environ) -> "KubernetesActions | None":
+    def from_environment(cls, env: Mapping[str, str] = os.environ) -> KubernetesActions | None:
         selector = env.get("MESHKEEPER_K8S_WORKER_SELECTOR")
         if not env.get("KUBERNETES_SERVICE_HOST") or not selector:
             return None
         kubernetes.config.load_incluster_config()
         namespace = env.get("MESHKEEPER_NAMESPACE") or open(SA_NAMESPACE).read().strip()
-        return cls(kubernetes.client.ApiClient(), namespace, selector,
-                   int(env.get("MESHKEEPER_K8S_DELETE_GRACE_S", "10")), env.get("MESHKEEPER_POD_NAME", ""))
+        return cls(
+            kubernetes.client.ApiClient(),
+            namespace,
+            selector,
+            int(env.get("MESHKEEPER_K8S_DELETE_GRACE_S", "10")),
+            env.get("MESHKEEPER_POD_NAME", ""),
+        )
 
     # -- pods --------------------------------------------------------------------------
     @staticmethod
@@ -77,12 +88,19 @@ class KubernetesActions:
             labels = pod.metadata.labels or {}
             # RBAC grants delete on every pod of the namespace: the pool check is ours.
             if any(labels.get(k) != v for k, v in self.selector.items()):
-                log.warning("pod %s is not in the worker pool (%s); not deleting it", name, self.selector)
+                log.warning(
+                    "pod %s is not in the worker pool (%s); not deleting it", name, self.selector
+                )
                 return None
             self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=self.grace_s)
         except ApiException as e:
-            log.warning("could not delete pod %s of worker %s: %s %s", name, worker.get("id"),
-                        e.status, e.reason)
+            log.warning(
+                "could not delete pod %s of worker %s: %s %s",
+                name,
+                worker.get("id"),
+                e.status,
+                e.reason,
+            )
             return None
         log.info("deleted pod %s of worker %s", name, worker.get("id"))
         return name
@@ -91,7 +109,9 @@ class KubernetesActions:
     def training_job(self, job_id: str) -> dict | None:
         """The TrainingJob whose status.jobID is this job (None for jobs submitted by REST)."""
         try:
-            items = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)["items"]
+            items = self.custom.list_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL
+            )["items"]
         except ApiException as e:
             log.warning("cannot list TrainingJobs: %s %s", e.status, e.reason)
             return None
@@ -102,20 +122,34 @@ class KubernetesActions:
         if tj is None:
             return False
         meta = tj["metadata"]
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         event = kubernetes.client.CoreV1Event(
-            metadata=kubernetes.client.V1ObjectMeta(generate_name=f"{meta['name']}.", namespace=self.namespace),
+            metadata=kubernetes.client.V1ObjectMeta(
+                generate_name=f"{meta['name']}.", namespace=self.namespace
+            ),
             involved_object=kubernetes.client.V1ObjectReference(
-                api_version=f"{GROUP}/{VERSION}", kind=KIND, name=meta["name"], namespace=self.namespace,
-                uid=meta.get("uid")),
-            reason=reason, message=message[:1024], type=type_, count=1,
-            first_timestamp=now, last_timestamp=now,
+                api_version=f"{GROUP}/{VERSION}",
+                kind=KIND,
+                name=meta["name"],
+                namespace=self.namespace,
+                uid=meta.get("uid"),
+            ),
+            reason=reason,
+            message=message[:1024],
+            type=type_,
+            count=1,
+            first_timestamp=now,
+            last_timestamp=now,
             source=kubernetes.client.V1EventSource(component="meshkeeper-controller"),
-            reporting_component="meshkeeper.io/controller", reporting_instance=self.instance or None)
+            reporting_component="meshkeeper.io/controller",
+            reporting_instance=self.instance or None,
+        )
         try:
             self.core.create_namespaced_event(self.namespace, event)
         except ApiException as e:
-            log.warning("could not record event %s on %s: %s %s", reason, meta["name"], e.status, e.reason)
+            log.warning(
+                "could not record event %s on %s: %s %s", reason, meta["name"], e.status, e.reason
+            )
             return False
         return True
 
@@ -125,7 +159,11 @@ class KubernetesActions:
         job's TrainingJob. `worker` is a /v1/workers entry (id, host, labels)."""
         pod = self.delete_worker_pod(worker)
         if pod and job_id:
-            self.record_event(job_id, "WorkerReplaced",
-                              f"deleted pod {pod} of worker {worker.get('id')} ({why}); "
-                              "the pool starts a fresh pod, which joins as a spare", "Warning")
+            self.record_event(
+                job_id,
+                "WorkerReplaced",
+                f"deleted pod {pod} of worker {worker.get('id')} ({why}); "
+                "the pool starts a fresh pod, which joins as a spare",
+                "Warning",
+            )
         return pod

@@ -25,16 +25,10 @@ class LeaseKeeper:
         self._valid_until = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lease", daemon=True)
-        self.acquisitions = 0
 
     def current(self) -> str | None:
         """'holder:token' while we lead, else None."""
         return self._value if time.monotonic() < self._valid_until else None
-
-    @property
-    def token(self) -> int | None:
-        v = self.current()
-        return int(v.rsplit(":", 1)[1]) if v else None
 
     def tick(self) -> None:
         t0 = time.monotonic()
@@ -44,7 +38,6 @@ class LeaseKeeper:
             log.debug("lease renewal failed: %s", e)
             return  # keep the old validity; it runs out on its own
         if v and v != self._value:
-            self.acquisitions += 1
             log.info("controller %s leads (fencing token %s)", self.holder, v.rsplit(":", 1)[1])
         elif not v and self.current():
             log.warning("controller %s lost the lease", self.holder)

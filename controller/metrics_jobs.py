@@ -13,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from controller.conditions import PHASES
 from controller.jobs import Job
 from controller.ranks import rank_view, summarize
+from services.api import RankStatus
 from services.assignment import RANK_STATES, Assignment
 from services.store import Store
 
@@ -27,35 +28,59 @@ class JobFamilies:
 
     def __init__(self):
         g, c = GaugeMetricFamily, CounterMetricFamily
-        self.phase = g("meshkeeper_job_phase", "1 for the job's current phase", labels=[*L, "phase"])
+        self.phase = g(
+            "meshkeeper_job_phase", "1 for the job's current phase", labels=[*L, "phase"]
+        )
         self.step = g("meshkeeper_job_step", "Steps done (the slowest rank's)", labels=L)
         self.target = g("meshkeeper_job_target_steps", "Steps the job trains for", labels=L)
-        self.generation = g("meshkeeper_job_generation", "Current generation of the job's world", labels=L)
+        self.generation = g(
+            "meshkeeper_job_generation", "Current generation of the job's world", labels=L
+        )
         self.loss = g("meshkeeper_train_loss", "Latest training loss", labels=L)
-        self.tokens = c("meshkeeper_train_tokens", "Tokens trained (steps done x tokens per step)", labels=L)
+        self.tokens = c(
+            "meshkeeper_train_tokens", "Tokens trained (steps done x tokens per step)", labels=L
+        )
         self.tps = g("meshkeeper_train_tokens_per_second", "Latest training throughput", labels=L)
         self.ranks = g("meshkeeper_ranks", "Ranks by state", labels=[*L, "state"])
         self.spares = g("meshkeeper_spares", "Spare workers held for the job", labels=L)
-        self.ckpt_age = g("meshkeeper_checkpoint_age_seconds", "Since the last committed checkpoint "
-                          "(or the job's start, before the first)", labels=L)
-        self.ckpt_step = g("meshkeeper_checkpoint_step", "Step of the last committed checkpoint", labels=L)
-        self.ckpt_every = g("meshkeeper_checkpoint_expected_interval_seconds",
-                            "checkpoint.every_steps x the latest step time", labels=L)
-        self.restarts = c("meshkeeper_job_restarts", "Restarts of the job's world, by cause",
-                          labels=[*L, "reason"])
-        self.max_restarts = g("meshkeeper_job_max_restarts", "fault_tolerance.max_restarts", labels=L)
+        self.ckpt_age = g(
+            "meshkeeper_checkpoint_age_seconds",
+            "Since the last committed checkpoint (or the job's start, before the first)",
+            labels=L,
+        )
+        self.ckpt_step = g(
+            "meshkeeper_checkpoint_step", "Step of the last committed checkpoint", labels=L
+        )
+        self.ckpt_every = g(
+            "meshkeeper_checkpoint_expected_interval_seconds",
+            "checkpoint.every_steps x the latest step time",
+            labels=L,
+        )
+        self.restarts = c(
+            "meshkeeper_job_restarts",
+            "Restarts of the job's world, by cause",
+            labels=[*L, "reason"],
+        )
+        self.max_restarts = g(
+            "meshkeeper_job_max_restarts", "fault_tolerance.max_restarts", labels=L
+        )
         self.lost = c("meshkeeper_recovery_lost_steps", "Steps redone after recoveries", labels=L)
-        self.recovering = g("meshkeeper_job_recovering_seconds", "How long the job has been "
-                            "recovering (only while it is)", labels=L)
-        self.goodput = g("meshkeeper_goodput_ratio", "Useful step time over the job's wall time "
-                         "since it started", labels=L)
+        self.recovering = g(
+            "meshkeeper_job_recovering_seconds",
+            "How long the job has been recovering (only while it is)",
+            labels=L,
+        )
+        self.goodput = g(
+            "meshkeeper_goodput_ratio",
+            "Useful step time over the job's wall time since it started",
+            labels=L,
+        )
 
     def families(self):
         return list(vars(self).values())
 
     def add(self, store: Store, job: Job, now: float, alive: set[str]) -> None:
         jid = [job.id]
-        spec = job.spec
         asg = Assignment.from_fields(store.job_assignment(job.id)) if job.generation else None
         ranks = rank_view(asg, store.progress(asg.workers), alive) if asg else []
         job.absorb(summarize(ranks))  # fresher than the controller's last write
@@ -66,8 +91,8 @@ class JobFamilies:
         self.generation.add_metric(jid, job.generation)
         if job.loss is not None:
             self.loss.add_metric(jid, job.loss)
-        tr, model = spec.get("train", {}), spec.get("model", {})
-        self.tokens.add_metric(jid, job.step * tr.get("global_batch", 0) * model.get("seq_len", 0))
+        tokens_per_step = job.spec.train.global_batch * job.spec.model.seq_len
+        self.tokens.add_metric(jid, job.step * tokens_per_step)
         if job.tokens_per_s is not None:
             self.tps.add_metric(jid, job.tokens_per_s)
         states = Counter(rank_state(r, job) for r in ranks)
@@ -87,36 +112,31 @@ class JobFamilies:
             self.ckpt_age.add_metric(jid, max(0.0, now - since))
         if ckpt.get("step"):
             self.ckpt_step.add_metric(jid, int(ckpt["step"]))
-        every = job.spec.get("checkpoint", {}).get("every_steps")
-        if every and job.step_s:
-            self.ckpt_every.add_metric(jid, every * job.step_s)
+        if job.step_s:
+            self.ckpt_every.add_metric(jid, job.spec.checkpoint.every_steps * job.step_s)
 
     def _recoveries(self, job: Job, now: float) -> None:
         """Restarts that count against max_restarts, by cause, from the records (growing dp
         back is a planned restart and does not count); restarts the job counts beyond its
         records (a trimmed list) are `unknown`, so the sum is always the job's count."""
         jid = [job.id]
-        records = [r for r in job.recoveries if isinstance(r, dict)]
-        faults = [r for r in records if r.get("action") != "grow"]
-        causes = Counter(str(r.get("cause") or "unknown") for r in faults)
+        faults = [r for r in job.recoveries if r.action != "grow"]
+        causes = Counter(r.cause for r in faults)
         causes["unknown"] += max(0, job.restarts - len(faults))
         for cause, n in causes.items():
             if n:
                 self.restarts.add_metric([job.id, cause], n)
-        ft = job.spec.get("fault_tolerance", {})
-        if "max_restarts" in ft:
-            self.max_restarts.add_metric(jid, ft["max_restarts"])
-        self.lost.add_metric(jid, sum(r.get("steps_lost") or 0 for r in records
-                                      if isinstance(r.get("steps_lost"), (int, float))))
+        self.max_restarts.add_metric(jid, job.spec.fault_tolerance.max_restarts)
+        self.lost.add_metric(jid, sum(r.steps_lost or 0 for r in job.recoveries))
         cond = job.condition("Recovering")
         if job.phase == "Recovering" and cond and cond.get("lastTransitionTime"):
             self.recovering.add_metric(jid, max(0.0, now - float(cond["lastTransitionTime"])))
 
 
-def rank_state(rank: dict, job: Job) -> str:
+def rank_state(rank: RankStatus, job: Job) -> str:
     """A running rank the controller flagged as a straggler in this generation (reported, not
     replaced: straggler.action is report, or no spare was free) counts as `straggler`."""
-    f = job.flagged or {}
-    if rank["state"] == "running" and f.get("rank") == rank["rank"] and f.get("generation") == job.generation:
+    f = job.straggler
+    if rank.state == "running" and f and f.rank == rank.rank and f.generation == job.generation:
         return "straggler"
-    return rank["state"]
+    return rank.state

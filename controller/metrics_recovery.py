@@ -11,43 +11,57 @@ from __future__ import annotations
 
 from prometheus_client import Histogram
 
-DETECT_BUCKETS = (.1, .25, .5, 1, 2, 5, 10, 30, 60, 120)
-RECOVERY_BUCKETS = (.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)  # alert bound: 120
+from services.records import RecoveryRecord
+
+DETECT_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
+RECOVERY_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)  # alert bound: 120
 PHASES = ("decide", "rendezvous", "restore", "first_step")
 
 
 class RecoveryFeed:
     def __init__(self):
-        self.detect = Histogram("meshkeeper_fault_detection_seconds",
-                                "From a fault to its detection, per recovery", ["cause"],
-                                registry=None, buckets=DETECT_BUCKETS)
-        self.total = Histogram("meshkeeper_recovery_duration_seconds",
-                               "From detection to the first step of the new generation",
-                               ["cause"], registry=None, buckets=RECOVERY_BUCKETS)
-        self.phase = Histogram("meshkeeper_recovery_phase_duration_seconds",
-                               "Each phase of a recovery (decide, rendezvous, restore, first_step)",
-                               ["phase"], registry=None, buckets=RECOVERY_BUCKETS)
+        self.detect = Histogram(
+            "meshkeeper_fault_detection_seconds",
+            "From a fault to its detection, per recovery",
+            ["cause"],
+            registry=None,
+            buckets=DETECT_BUCKETS,
+        )
+        self.total = Histogram(
+            "meshkeeper_recovery_duration_seconds",
+            "From the fault to the first step of the new generation (the record's total_s)",
+            ["cause"],
+            registry=None,
+            buckets=RECOVERY_BUCKETS,
+        )
+        self.phase = Histogram(
+            "meshkeeper_recovery_phase_duration_seconds",
+            "Each phase of a recovery (decide, rendezvous, restore, first_step)",
+            ["phase"],
+            registry=None,
+            buckets=RECOVERY_BUCKETS,
+        )
         self._seen: dict[str, set[str]] = {}  # job id -> keys of the records observed
 
     @property
     def tracked(self) -> set[str]:
         return set(self._seen)
 
-    def feed(self, records: dict[str, list], still_open: set[str]) -> None:
+    def feed(self, records: dict[str, list[RecoveryRecord]], still_open: set[str]) -> None:
         """Observe new complete records; stop tracking jobs that are no longer open (their
         last records are fed here once more, so a job that ended between scrapes loses none)."""
         for jid, recs in records.items():
             seen = self._seen.setdefault(jid, set())
-            for i, rec in enumerate(r for r in recs if isinstance(r, dict)):
-                key, durations = str(rec.get("detected_at", i)), rec.get("durations")
-                if key in seen or not isinstance(durations, dict) or _sec(durations, "total_s") is None:
+            for rec in recs:
+                key, durations = str(rec.detected_at), rec.durations
+                if key in seen or durations is None or _sec(durations, "total_s") is None:
                     continue  # seen already, or not complete yet
                 seen.add(key)
-                self._observe(str(rec.get("cause") or "unknown"), durations)
+                self._observe(rec.cause, durations)
         for jid in set(self._seen) - still_open:
             del self._seen[jid]
 
-    def _observe(self, cause: str, d: dict) -> None:
+    def _observe(self, cause: str, d: dict[str, float]) -> None:
         self.total.labels(cause).observe(_sec(d, "total_s"))
         if (v := _sec(d, "detect_s")) is not None:
             self.detect.labels(cause).observe(v)
@@ -60,6 +74,6 @@ class RecoveryFeed:
             yield from h.collect()
 
 
-def _sec(d: dict, key: str) -> float | None:
+def _sec(d: dict[str, float], key: str) -> float | None:
     v = d.get(key)
-    return float(v) if isinstance(v, (int, float)) and v >= 0 else None
+    return float(v) if v is not None and v >= 0 else None

@@ -45,8 +45,8 @@ def place(shape: MeshShape, spares: int, workers: list[FreeWorker]) -> Placement
     """A placement for every rank plus `spares` whole workers, or None if they do not fit."""
     if spares > len(workers):
         return None
-    pool = workers[:len(workers) - spares]
-    spare_ids = [w.wid for w in workers[len(pool):]]
+    pool = workers[: len(workers) - spares]
+    spare_ids = [w.wid for w in workers[len(pool) :]]
     if sum(w.slots for w in pool) < shape.world_size:
         return None
     # host -> free (wid, slot) in worker order, so one worker's slots fill before the next
@@ -60,10 +60,10 @@ def place(shape: MeshShape, spares: int, workers: list[FreeWorker]) -> Placement
         if host is None:  # no host holds the whole group: spread it, largest hosts first
             split, slots = True, []
             for h in sorted(free, key=lambda h: -len(free[h])):
-                take = free[h][:shape.tp - len(slots)]
-                free[h], slots = free[h][len(take):], slots + take
+                take = free[h][: shape.tp - len(slots)]
+                free[h], slots = free[h][len(take) :], slots + take
         else:
-            slots, free[host] = free[host][:shape.tp], free[host][shape.tp:]
+            slots, free[host] = free[host][: shape.tp], free[host][shape.tp :]
             prev = host
         for k, (wid, i) in enumerate(slots):
             ranks.append(RankEntry(first + k, wid, i, shape.coord(first + k)))

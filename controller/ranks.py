@@ -1,43 +1,78 @@
 """Every rank's state, joined from the assignment and the agents' progress reports.
 
-Reports from another job or an older generation are ignored (DESIGN.md section 5).
+Each rank is an `api.RankStatus`: the agent's `RankReport` for it plus its place in the mesh.
+Reports from another job or an older generation are ignored (docs/architecture.md,
+"Generation and fencing"); a report that does not parse as a `RankReport` counts as none, so
+one agent writing garbage cannot stop the pass for every job.
 """
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from services.api import Coordinate, RankStatus
 from services.assignment import FINAL_RANK_STATES, Assignment
+from services.records import RankReport
 from services.store import loads
 
-REPORTED = ("step", "loss", "tokens_per_s", "step_s", "compute_s", "wait_s", "pid", "exit_code",
-            "error", "log", "started_at", "exited_at", "rendezvous_at", "ready_at", "start_step",
-            "first_step_at", "progress_at", "compute_avg", "compute_min", "window_n", "proc_state",
-            "coll_entered", "coll_left", "cpu_busy", "peak_rss", "oom")  # blame: controller/health.py
+log = logging.getLogger("meshkeeper.ranks")
 
 
-def rank_view(asg: Assignment, progress: dict[str, dict[str, str]],
-              alive: set[str] | None = None) -> list[dict]:
-    """One dict per rank: rank, coord, worker, state, and the latest step report."""
+def _report(raw: object, where: str) -> RankReport:
+    try:
+        return RankReport.model_validate(raw or {})
+    except ValidationError as e:
+        log.debug("ignoring a malformed report of %s: %s", where, e)
+        return RankReport()
+
+
+def rank_view(
+    asg: Assignment, progress: dict[str, dict[str, str]], alive: set[str] | None = None
+) -> list[RankStatus]:
+    """One `RankStatus` per rank, in rank order. `alive` given: a rank on a worker not in it
+    that has not ended is `lost`."""
     reports: dict[str, dict] = {}
     for wid, p in progress.items():
         if p.get("job") == asg.job and p.get("generation") == str(asg.generation):
             reports[wid] = loads(p.get("ranks"), {})
     out = []
     for r in asg.ranks:
-        rec = reports.get(r.wid, {}).get(str(r.rank), {})
-        state = rec.get("state", "assigned")
+        rep = _report(reports.get(r.wid, {}).get(str(r.rank)), f"rank {r.rank} on {r.wid}")
+        state = rep.state
         if alive is not None and r.wid not in alive and state not in FINAL_RANK_STATES:
             state = "lost"
-        out.append({"rank": r.rank, "coord": r.coord._asdict(), "worker": r.wid,
-                    "local_rank": r.local_rank, "state": state,
-                    **{k: rec.get(k) for k in REPORTED}})
+        out.append(
+            RankStatus(
+                **{**rep.model_dump(), "state": state},
+                rank=r.rank,
+                coord=Coordinate(**r.coord._asdict()),
+                worker=r.wid,
+                local_rank=r.local_rank,
+            )
+        )
     return out
 
 
-def summarize(ranks: list[dict]) -> dict:
-    """Job-level progress: the slowest rank's step; loss and speed as rank 0 reports them
-    (the trainer all-reduces the loss, so every rank holds the global value)."""
+@dataclass(frozen=True)
+class Progress:
+    """Job-level progress, all four values from one rank's report, so the loss shown is the
+    loss of the step shown."""
+
+    step: int
+    loss: float | None
+    tokens_per_s: float | None
+    step_s: float | None
+
+
+def summarize(ranks: list[RankStatus]) -> Progress | None:
+    """The slowest rank's report (lowest step; the lowest rank among equals): the job has
+    completed only the steps every rank has. The trainer all-reduces the loss, so each rank
+    holds the global loss of its own step; taking rank 0's loss with the slowest rank's step
+    showed one step with another step's loss."""
     if not ranks:
-        return {}
-    head = ranks[0]
-    return {"step": min(r["step"] or 0 for r in ranks), "loss": head["loss"],
-            "tokens_per_s": head["tokens_per_s"], "step_s": head["step_s"]}
+        return None
+    slowest = min(ranks, key=lambda r: (r.step, r.rank))
+    return Progress(slowest.step, slowest.loss, slowest.tokens_per_s, slowest.step_s)

@@ -1,6 +1,8 @@
 """How the next generation of a job looks after a fault, or when capacity returns.
 
-Pure functions of the current assignment; the scheduler writes what they return.
+Pure functions of the current assignment; fault handling (controller/faults.py) decides
+with them and the scheduler writes what they return (docs/architecture.md, "Failure
+handling").
 - replace: every faulty worker's ranks move, at the same (dp, pp, tp) coordinates, to a
   spare (the job's own first, then any idle worker), preferring one on the same host;
 - shrink: without spares, drop each DP replica that lost a rank while dp > min_dp; the
@@ -10,7 +12,8 @@ Pure functions of the current assignment; the scheduler writes what they return.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace as dc_replace
+from dataclasses import dataclass
+from dataclasses import replace as dc_replace
 
 from controller.placement import FreeWorker, place
 from services.assignment import RankEntry
@@ -26,7 +29,9 @@ class Layout:
     spares: list[str]
 
 
-def fit_microbatches(global_batch: int, dp: int, pp: int, want: int, interleaved: bool) -> int | None:
+def fit_microbatches(
+    global_batch: int, dp: int, pp: int, want: int, interleaved: bool
+) -> int | None:
     """The smallest microbatch count >= `want` that splits this dp's share evenly."""
     if global_batch % dp:
         return None
@@ -44,10 +49,20 @@ def with_local_world(ranks: list[RankEntry], host_of: dict[str, str]) -> list[Ra
     return [dc_replace(r, local_world_size=per_host[host_of.get(r.wid, r.wid)]) for r in ranks]
 
 
-def replace_workers(shape: MeshShape, ranks: list[RankEntry], microbatches: int, bad: set[str],
-                    candidates: list[FreeWorker], keep_spares: list[str],
-                    host_of: dict[str, str]) -> Layout | None:
-    need = {w: [r for r in ranks if r.wid == w] for w in bad}
+def replace_workers(
+    shape: MeshShape,
+    ranks: list[RankEntry],
+    microbatches: int,
+    bad: set[str],
+    candidates: list[FreeWorker],
+    keep_spares: list[str],
+    host_of: dict[str, str],
+) -> Layout | None:
+    # bad workers in rank order (not set order, which varies by process): the same fault
+    # always promotes the same candidates
+    need = {
+        w: [r for r in ranks if r.wid == w] for w in dict.fromkeys(r.wid for r in ranks) if w in bad
+    }
     pool, moved = list(candidates), {}
     for old, its_ranks in need.items():
         fits = [c for c in pool if c.slots >= len(its_ranks)]
@@ -63,8 +78,16 @@ def replace_workers(shape: MeshShape, ranks: list[RankEntry], microbatches: int,
     return Layout(shape, with_local_world(new_ranks, host_of), microbatches, moved, spares)
 
 
-def shrink(shape: MeshShape, ranks: list[RankEntry], bad: set[str], min_dp: int, global_batch: int,
-           microbatches: int, interleaved: bool, host_of: dict[str, str]) -> Layout | None:
+def shrink(
+    shape: MeshShape,
+    ranks: list[RankEntry],
+    bad: set[str],
+    min_dp: int,
+    global_batch: int,
+    microbatches: int,
+    interleaved: bool,
+    host_of: dict[str, str],
+) -> Layout | None:
     lost = sorted({r.coord.dp for r in ranks if r.wid in bad})
     new_dp = shape.dp - len(lost)
     if new_dp < max(1, min_dp):
@@ -85,9 +108,16 @@ def shrink(shape: MeshShape, ranks: list[RankEntry], bad: set[str], min_dp: int,
     return Layout(new_shape, with_local_world(new_ranks, host_of), m, {}, freed)
 
 
-def grow(shape: MeshShape, ranks: list[RankEntry], target_dp: int, global_batch: int,
-         spec_microbatches: int, interleaved: bool, free: list[FreeWorker],
-         host_of: dict[str, str]) -> Layout | None:
+def grow(
+    shape: MeshShape,
+    ranks: list[RankEntry],
+    target_dp: int,
+    global_batch: int,
+    spec_microbatches: int,
+    interleaved: bool,
+    free: list[FreeWorker],
+    host_of: dict[str, str],
+) -> Layout | None:
     """One more DP replica on idle workers, if they hold a whole pipeline."""
     if shape.dp >= target_dp:
         return None
@@ -97,8 +127,14 @@ def grow(shape: MeshShape, ranks: list[RankEntry], target_dp: int, global_batch:
     if m is None or replica is None:
         return None
     d = shape.dp
-    added = [dc_replace(r, rank=new_shape.rank((d, r.coord.pp, r.coord.tp)), coord=Coord(d, r.coord.pp, r.coord.tp))
-             for r in replica.ranks]
+    added = [
+        dc_replace(
+            r,
+            rank=new_shape.rank((d, r.coord.pp, r.coord.tp)),
+            coord=Coord(d, r.coord.pp, r.coord.tp),
+        )
+        for r in replica.ranks
+    ]
     kept = [dc_replace(r, rank=new_shape.rank(r.coord)) for r in ranks]
     host_of = {**host_of, **{w.wid: w.host for w in free}}
     return Layout(new_shape, with_local_world(kept + added, host_of), m, {}, [])

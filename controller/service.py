@@ -1,4 +1,5 @@
-"""One controller replica: its Redis store, its lease, and the reconcile loop it runs while leading."""
+"""One controller replica: its Redis store, its lease, and the reconcile loop it runs while
+leading."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ import time
 from dataclasses import dataclass
 
 import redis
+from tenacity import Retrying, retry_if_exception_type, wait_random_exponential
 
 from controller.admission import AdmissionConfig
 from controller.availability import RedisAvailability
 from controller.lease import LeaseKeeper
-from controller.metrics import ControllerMetrics
+from controller.metrics import ControllerMetrics, Scraped
 from controller.scheduler import Scheduler, SchedulerConfig
-from services.store import Backoff, Fenced, Store
+from services.store import Fenced, Store
 
 log = logging.getLogger("meshkeeper.controller")
 
@@ -30,7 +32,9 @@ class ControllerConfig:
     interval_s: float = 0.25
     scheduler: SchedulerConfig = SchedulerConfig()
     agent_redis_url: str | None = None  # what /v1/agent/bootstrap tells agents (default: ours)
-    admission: AdmissionConfig = AdmissionConfig()  # data/checkpoint roots (controller/admission.py)
+    admission: AdmissionConfig = (
+        AdmissionConfig()
+    )  # data/checkpoint roots (controller/admission.py)
 
 
 class Controller:
@@ -41,10 +45,23 @@ class Controller:
         self.lease = LeaseKeeper(self.store, self.id, cfg.lease_ttl_s)
         # Redis as this controller sees it: silence is judged only while it was there for all
         self.availability = RedisAvailability()
-        self.scheduler = Scheduler(self.store, cfg.scheduler, self.id, availability=self.availability)
-        self.metrics = ControllerMetrics(self)
+        self.scheduler = Scheduler(
+            self.store, cfg.scheduler, self.id, availability=self.availability
+        )
+        self.metrics = ControllerMetrics(
+            Scraped(self.store, self.id, lambda: self.leading, cfg.scheduler.worker_alive_s)
+        )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="reconcile", daemon=True)
+        # A failed pass is retried after a jittered exponential wait (0.1 s doubling, at most
+        # 2 s), so a Redis outage or a bug is not hammered 4 times a second; stop() ends it.
+        self._retrying = Retrying(
+            wait=wait_random_exponential(multiplier=0.1, max=2.0),
+            sleep=self._stop.wait,
+            retry=retry_if_exception_type(Exception),
+            stop=lambda _: self._stop.is_set(),
+            retry_error_callback=lambda _: None,
+        )
 
     @property
     def leading(self) -> bool:
@@ -61,24 +78,26 @@ class Controller:
         self.store.close()
 
     def _loop(self) -> None:
-        backoff = Backoff(cap=2.0)
         while not self._stop.wait(self.cfg.interval_s):
-            lease = self.lease.current()
-            if lease is None:
-                continue
-            t0 = time.perf_counter()
-            try:
-                self.availability.probe(self.store)  # every pass: the gaps between passes count
-                self.scheduler.run_once(lease)
-                backoff.reset()
-            except Fenced:
-                log.warning("a write was fenced: another controller leads now")
-            except redis.RedisError as e:
-                self.availability.failed(e)  # logs once per outage
-                log.debug("reconcile pass: Redis unavailable (%s); retrying", e)
-                self._stop.wait(backoff.next())
-            except Exception:  # a bug must not kill the loop; it is logged and retried
-                log.exception("reconcile pass failed")
-                self._stop.wait(backoff.next())
-            finally:
-                self.metrics.pass_seconds.observe(time.perf_counter() - t0)
+            self._retrying(self._pass)
+
+    def _pass(self) -> None:
+        """One reconcile pass while leading. Raises what should be retried after a wait."""
+        lease = self.lease.current()
+        if lease is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            self.availability.probe(self.store)  # every pass: the gaps between passes count
+            self.scheduler.run_once(lease)
+        except Fenced:  # not retried: the next pass finds the lease gone
+            log.warning("a write was fenced: another controller leads now")
+        except redis.RedisError as e:
+            self.availability.failed(e)  # logs once per outage
+            log.debug("reconcile pass: Redis unavailable (%s); retrying", e)
+            raise
+        except Exception:  # a bug must not kill the loop; it is logged and retried
+            log.exception("reconcile pass failed")
+            raise
+        finally:
+            self.metrics.pass_seconds.observe(time.perf_counter() - t0)

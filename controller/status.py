@@ -1,4 +1,5 @@
-"""The job status document the REST API serves (DESIGN.md section 3), read from Redis only."""
+"""The REST documents about jobs and workers (services/api.py), read from Redis only
+(docs/architecture.md, "Records")."""
 
 from __future__ import annotations
 
@@ -6,51 +7,85 @@ from controller.conditions import TERMINAL
 from controller.jobs import Job
 from controller.placement import natural_key
 from controller.ranks import rank_view, summarize
+from services import api
 from services.assignment import Assignment
 from services.store import Store, loads
 
 
-def job_summary(job: Job) -> dict:
-    p = job.spec.get("parallel", {})
-    return {"id": job.id, "name": job.name, "phase": job.phase, "generation": job.generation,
-            "restarts": job.restarts, "step": job.step, "steps": job.total_steps, "loss": job.loss,
-            "mesh_shape": {k: p.get(k, 1) for k in ("dp", "pp", "tp")},
-            "submitted_at": job.submitted_at, "finished_at": job.finished_at, "owner": job.owner}
+def job_summary(job: Job) -> api.JobSummary:
+    p = job.spec.parallel
+    return api.JobSummary(
+        id=job.id,
+        name=job.name,
+        phase=job.phase,
+        generation=job.generation,
+        restarts=job.restarts,
+        step=job.step,
+        steps=job.total_steps,
+        loss=job.loss,
+        mesh_shape=api.Coordinate(dp=p.dp, pp=p.pp, tp=p.tp),
+        submitted_at=job.submitted_at,
+        finished_at=job.finished_at,
+        owner=job.owner,
+    )
 
 
-def job_status(store: Store, job: Job, alive_within_s: float) -> dict:
+def job_status(store: Store, job: Job, alive_within_s: float) -> api.JobStatus:
     """Summary + conditions, live progress, the last checkpoint and every rank of the mesh."""
     asg = Assignment.from_fields(store.job_assignment(job.id)) if job.generation else None
-    ranks: list[dict] = []
+    ranks: list[api.RankStatus] = []
     if job.phase in TERMINAL:
         ranks = job.final_ranks  # as the controller saw them at the end
     elif asg is not None:
         alive = store.alive_among(asg.workers, alive_within_s)
         ranks = rank_view(asg, store.progress(asg.workers), alive)
-        flag = job.flagged  # a straggler reported (not replaced) in this generation
+        flag = job.straggler  # a straggler reported (not replaced) in this generation
         for r in ranks:
-            if flag.get("generation") == asg.generation and flag.get("rank") == r["rank"] and r["state"] == "running":
-                r["state"] = "straggler"
+            if (
+                flag
+                and flag.generation == asg.generation
+                and flag.rank == r.rank
+                and r.state == "running"
+            ):
+                r.state = "straggler"
         job.absorb(summarize(ranks))  # fresher than the controller's last write
     ckpt = store.checkpoint(job.id)
-    out = job_summary(job)
-    out.update({
-        "conditions": job.conditions,
-        "tokens_per_s": job.tokens_per_s,
-        "step_s": job.step_s,
-        "eta_s": _eta(job),
-        "started_at": job.started_at,
-        "last_checkpoint": ({"step": int(ckpt["step"]), "path": ckpt.get("path"),
-                             "time": float(ckpt["time"]), "generation": int(ckpt["generation"])}
-                            if ckpt.get("step") else None),
-        "recoveries": job.recoveries,
-        "mesh": {"shape": ({"dp": asg.shape.dp, "pp": asg.shape.pp, "tp": asg.shape.tp} if asg
-                           else out["mesh_shape"]), "generation": asg.generation if asg else None,
-                 "rendezvous": f"{asg.master_addr}:{asg.master_port}" if asg else None,
-                 "ranks": ranks, "spares": asg.spares if asg else []},
-        "spec": job.spec,
-    })
-    return out
+    shape = (
+        api.Coordinate(dp=asg.shape.dp, pp=asg.shape.pp, tp=asg.shape.tp)
+        if asg
+        else job_summary(job).mesh_shape
+    )
+    return api.JobStatus(
+        **job_summary(job).model_dump(),
+        conditions=job.conditions,
+        tokens_per_s=job.tokens_per_s,
+        step_s=job.step_s,
+        eta_s=_eta(job),
+        started_at=job.started_at,
+        last_checkpoint=(
+            api.Checkpoint(
+                step=int(ckpt["step"]),
+                path=ckpt.get("path"),
+                time=float(ckpt["time"]),
+                generation=int(ckpt["generation"]),
+            )
+            if ckpt.get("step")
+            else None
+        ),
+        recoveries=job.recoveries,
+        # a flag from an earlier generation is history: that world is gone
+        straggler=job.straggler
+        if job.straggler and job.straggler.generation == job.generation
+        else None,
+        mesh=api.Mesh(
+            shape=shape,
+            generation=asg.generation if asg else None,
+            rendezvous=f"{asg.master_addr}:{asg.master_port}" if asg else None,
+            ranks=ranks,
+            spares=asg.spares if asg else [],
+        ),
+        spec=job.spec.model_dump(mode="json"),
+    )
 
 
 def _eta(job: Job) -> float | None:
@@ -69,10 +104,19 @@ def workers_status(store: Store, alive_within_s: float) -> list[dict]:
     for w in wids:
         info, ptr = infos[w], pointers[w]
         alive = seen[w] >= now - alive_within_s
-        out.append({"id": w, "host": info.get("host"), "address": info.get("address"),
-                    "labels": loads(info.get("labels"), {}), "devices": int(info.get("devices", 1)),
-                    "state": info.get("state", "unknown") if alive else "dead",
-                    "alive": alive, "last_seen_s": round(now - seen[w], 3),
-                    "job": ptr.get("job"), "generation": int(ptr["generation"]) if ptr else None,
-                    "role": ptr.get("role")})
+        out.append(
+            {
+                "id": w,
+                "host": info.get("host"),
+                "address": info.get("address"),
+                "labels": loads(info.get("labels"), {}),
+                "devices": int(info.get("devices", 1)),
+                "state": info.get("state", "unknown") if alive else "dead",
+                "alive": alive,
+                "last_seen_s": round(now - seen[w], 3),
+                "job": ptr.get("job"),
+                "generation": int(ptr["generation"]) if ptr else None,
+                "role": ptr.get("role"),
+            }
+        )
     return out

@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from services.records import HistoryPoint, RankReport, RecoveryRecord, StragglerFlag
+
 
 class Doc(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -36,22 +38,14 @@ class Coordinate(Doc):
     tp: int
 
 
-class RankStatus(Doc):
+class RankStatus(RankReport):
+    """A rank's place in the mesh and its agent's latest report of it."""
+
+    model_config = ConfigDict(extra="allow")
     rank: int
     coord: Coordinate
     worker: str
     local_rank: int
-    state: str
-    step: int | None = None
-    loss: float | None = None
-    tokens_per_s: float | None = None
-    step_s: float | None = None
-    compute_s: float | None = None
-    wait_s: float | None = None
-    pid: int | None = None  # the trainer process on its worker's host
-    exit_code: int | None = None
-    error: str | None = None  # why a rank failed, when no exit code tells
-    log: str | None = None
 
 
 class Mesh(Doc):
@@ -69,25 +63,7 @@ class Checkpoint(Doc):
     generation: int
 
 
-class Recovery(Doc):
-    """One recovery: why, what was done, and how long each phase took (controller/faults.py)."""
-
-    n: int
-    cause: str  # TrainerKilled | WorkerDead | RankHung | Straggler | TrainerFailed | CapacityReturned
-    action: str | None = None  # replace | shrink | restart | wait | grow
-    faults: list[dict[str, Any]] = []
-    replaced: list[dict[str, str]] = []  # {old, new} workers
-    from_generation: int
-    to_generation: int | None = None
-    to_shape: list[int] | None = None
-    fault_at: float
-    detected_at: float
-    decided_at: float | None = None
-    completed_at: float | None = None
-    last_step: int = 0
-    resumed_step: int | None = None
-    steps_lost: int | None = None
-    durations: dict[str, float] | None = None
+Recovery = RecoveryRecord  # one spelling (services/records.py); the API name stays
 
 
 class JobSummary(Doc):
@@ -113,11 +89,29 @@ class JobStatus(JobSummary):
     started_at: float | None = None
     last_checkpoint: Checkpoint | None = None
     mesh: Mesh
-    recoveries: list[Recovery] = []
+    recoveries: list[RecoveryRecord] = []
+    straggler: StragglerFlag | None = None  # reported, not replaced, in this generation
     spec: dict[str, Any]
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)
+
+
+class CheckpointMark(Doc):
+    step: int
+    time: float | None = None
+    generation: int | None = None
+
+
+class JobHistory(Doc):
+    """A job's whole training history, downsampled to at most `max_points` points, with the
+    recoveries and checkpoint commits to mark on it (`GET /v1/jobs/{id}/history`)."""
+
+    id: str
+    points: list[HistoryPoint]
+    total_points: int  # points stored before downsampling
+    recoveries: list[RecoveryRecord] = []
+    checkpoints: list[CheckpointMark] = []
 
 
 class JobList(Doc):

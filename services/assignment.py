@@ -17,7 +17,16 @@ from services.store import loads
 # agent-reported: starting -> running -> succeeded | failed | stopped
 # controller-derived: assigned (no report yet in this generation), lost (worker silent),
 # straggler (flagged, not replaced: straggler.action report or no spare)
-RANK_STATES = ("assigned", "starting", "running", "straggler", "succeeded", "failed", "stopped", "lost")
+RANK_STATES = (
+    "assigned",
+    "starting",
+    "running",
+    "straggler",
+    "succeeded",
+    "failed",
+    "stopped",
+    "lost",
+)
 FINAL_RANK_STATES = ("succeeded", "failed", "stopped")
 # A trainer process in one of these kernel states cannot make progress on its own; when a
 # whole job hangs, it is the rank the others wait for (agents report `proc_state`).
@@ -33,8 +42,12 @@ class RankEntry:
     local_world_size: int = 1  # ranks of this job on the same host
 
     def to_json(self) -> dict:
-        return {"wid": self.wid, "local_rank": self.local_rank, "coord": list(self.coord),
-                "local_world_size": self.local_world_size}
+        return {
+            "wid": self.wid,
+            "local_rank": self.local_rank,
+            "coord": list(self.coord),
+            "local_world_size": self.local_world_size,
+        }
 
 
 @dataclass(frozen=True)
@@ -52,7 +65,12 @@ class Assignment:
     def effective_spec(self, spec: dict) -> dict:
         """The spec this generation trains with: its mesh may be smaller than the submitted one
         (dp shrunk after a failure); the global batch never changes."""
-        parallel = {**spec["parallel"], "dp": self.shape.dp, "pp": self.shape.pp, "tp": self.shape.tp}
+        parallel = {
+            **spec["parallel"],
+            "dp": self.shape.dp,
+            "pp": self.shape.pp,
+            "tp": self.shape.tp,
+        }
         if self.microbatches:
             parallel["microbatches"] = self.microbatches
         ft = {**spec.get("fault_tolerance", {})}
@@ -67,25 +85,47 @@ class Assignment:
         return [r for r in self.ranks if r.wid == wid]
 
     def to_fields(self) -> dict:
-        out = {"job": self.job, "generation": self.generation, "world_size": self.shape.world_size,
-               "shape": [self.shape.dp, self.shape.pp, self.shape.tp],
-               "master_addr": self.master_addr, "master_port": self.master_port,
-               "spares": self.spares, "tp_split": self.tp_split, "microbatches": self.microbatches}
+        out = {
+            "job": self.job,
+            "generation": self.generation,
+            "world_size": self.shape.world_size,
+            "shape": [self.shape.dp, self.shape.pp, self.shape.tp],
+            "master_addr": self.master_addr,
+            "master_port": self.master_port,
+            "spares": self.spares,
+            "tp_split": self.tp_split,
+            "microbatches": self.microbatches,
+        }
         out.update({f"rank:{r.rank}": r.to_json() for r in self.ranks})
         return out
 
     @classmethod
-    def from_fields(cls, h: dict[str, str]) -> "Assignment | None":
+    def from_fields(cls, h: dict[str, str]) -> Assignment | None:
         """Parse a stored hash; None when absent or incomplete (a torn or foreign record)."""
         try:
             shape = MeshShape(*loads(h["shape"]))
             ranks = []
             for r in range(shape.world_size):
                 e = loads(h[f"rank:{r}"])
-                ranks.append(RankEntry(r, e["wid"], int(e["local_rank"]), Coord(*e["coord"]),
-                                       int(e.get("local_world_size", 1))))
-            return cls(h["job"], int(h["generation"]), shape, h["master_addr"],
-                       int(h["master_port"]), ranks, loads(h.get("spares"), []),
-                       h.get("tp_split") == "1", loads(h.get("microbatches")))
+                ranks.append(
+                    RankEntry(
+                        r,
+                        e["wid"],
+                        int(e["local_rank"]),
+                        Coord(*e["coord"]),
+                        int(e.get("local_world_size", 1)),
+                    )
+                )
+            return cls(
+                h["job"],
+                int(h["generation"]),
+                shape,
+                h["master_addr"],
+                int(h["master_port"]),
+                ranks,
+                loads(h.get("spares"), []),
+                h.get("tp_split") == "1",
+                loads(h.get("microbatches")),
+            )
         except (KeyError, TypeError, ValueError):
             return None

@@ -16,8 +16,9 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class ApiError(Exception):
-    def __init__(self, message: str, status: int | None = None,
-                 problems: list[api.Problem] | None = None):
+    def __init__(
+        self, message: str, status: int | None = None, problems: list[api.Problem] | None = None
+    ):
         super().__init__(message)
         self.status, self.problems = status, problems or []
 
@@ -27,17 +28,28 @@ class Client:
     which only /healthz and /readyz accept. `verify`: for HTTPS, an SSL context that trusts
     the controller's certificate (default: the system CAs, or the file SSL_CERT_FILE names)."""
 
-    def __init__(self, base_url: str = DEFAULT_URL, token: str | None = None, timeout: float = 10.0,
-                 transport: httpx.BaseTransport | None = None, verify: ssl.SSLContext | bool = True):
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        token: str | None = None,
+        timeout: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+        verify: ssl.SSLContext | bool = True,
+    ):
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport,
-                                 headers=headers, verify=verify)
+        self.http = httpx.Client(
+            base_url=self.base_url,
+            timeout=timeout,
+            transport=transport,
+            headers=headers,
+            verify=verify,
+        )
 
     def close(self) -> None:
         self.http.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -47,8 +59,10 @@ class Client:
         try:
             r = self.http.request(method, path, **kw)
         except httpx.ConnectError:
-            raise ApiError(f"cannot reach the controller at {self.base_url}; is it running "
-                           "(meshkeeper up)? Set --url or MESHKEEPER_URL") from None
+            raise ApiError(
+                f"cannot reach the controller at {self.base_url}; is it running "
+                "(meshkeeper up)? Set --url or MESHKEEPER_URL"
+            ) from None
         except httpx.TimeoutException:
             raise ApiError(f"the controller at {self.base_url} did not answer in time") from None
         except httpx.HTTPError as e:
@@ -57,7 +71,9 @@ class Client:
             try:
                 err = api.Error.model_validate(r.json())
             except (ValueError, ValidationError):
-                raise ApiError(f"HTTP {r.status_code} from {path}: {r.text[:200]}", r.status_code) from None
+                raise ApiError(
+                    f"HTTP {r.status_code} from {path}: {r.text[:200]}", r.status_code
+                ) from None
             if r.status_code == 401 and "Authorization" not in self.http.headers:
                 raise ApiError(f"{err.detail} (no token was sent)", r.status_code, err.problems)
             raise ApiError(err.detail, r.status_code, err.problems)
@@ -80,8 +96,12 @@ class Client:
         return self._call("DELETE", f"/v1/jobs/{job_id}", api.CancelAccepted)
 
     def events(self, job_id: str, after: str = "-", limit: int = 100) -> list[api.Event]:
-        return self._call("GET", f"/v1/jobs/{job_id}/events", api.EventList,
-                          params={"after": after, "limit": limit}).events
+        return self._call(
+            "GET",
+            f"/v1/jobs/{job_id}/events",
+            api.EventList,
+            params={"after": after, "limit": limit},
+        ).events
 
     def workers(self) -> list[api.Worker]:
         return self._call("GET", "/v1/workers", api.WorkerList).workers

@@ -1,4 +1,5 @@
-"""Where each agent's Prometheus endpoint is: the contract behind the controller's HTTP SD.
+"""Where each agent's Prometheus endpoint is: the contract behind the controller's HTTP SD
+(docs/architecture.md, "Redis keys" and "Observability").
 
 `worker:{wid}:metrics` is a string "host:port" the agent writes with a TTL and refreshes
 from its own thread, so an agent that vanished drops out by itself, and a Redis restart or
@@ -27,7 +28,9 @@ def targets(store: Store, wids: list[str]) -> dict[str, str]:
     """wid -> "host:port" for the workers that advertise an endpoint."""
     if not wids:
         return {}
-    return {w: t for w, t in zip(wids, store.r.mget([key(store, w) for w in wids])) if t}
+    return {
+        w: t for w, t in zip(wids, store.r.mget([key(store, w) for w in wids]), strict=True) if t
+    }
 
 
 def target_for(bind_host: str, port: int, address: str) -> str:

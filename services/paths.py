@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from services.spec import Problem, SpecError
 
@@ -37,9 +37,11 @@ def confine(path: str, roots: Sequence[Path], *, must_exist: bool) -> Path:
         raise PathRefused(f"{path!r} is relative; give an absolute path under {shown}")
     if ".." in Path(path).parts:
         raise PathRefused(f"{path!r} contains '..'; give a plain absolute path under {shown}")
-    refused = PathRefused(f"{path!r} is not {'a readable file' if must_exist else 'a directory'} "
-                          f"under the allowed roots ({shown}); use a path inside one of them, "
-                          "without symlinks that lead out of it")
+    refused = PathRefused(
+        f"{path!r} is not {'a readable file' if must_exist else 'a directory'} "
+        f"under the allowed roots ({shown}); use a path inside one of them, "
+        "without symlinks that lead out of it"
+    )
     lexical = Path(os.path.normpath(path))  # folds '.' and '//' ('..' is refused above)
     for root in roots:
         real_root = Path(os.path.realpath(root))
@@ -59,7 +61,7 @@ def _walk(root: Path, parts: tuple[str, ...], must_exist: bool, refused: PathRef
         except OSError:  # missing or unreadable: the rest cannot be links
             if must_exist:
                 raise refused from None
-            return nxt.joinpath(*parts[i + 1:])
+            return nxt.joinpath(*parts[i + 1 :])
         if stat.S_ISLNK(mode):
             nxt = Path(os.path.realpath(nxt))
             if not _within(nxt, root):
@@ -75,8 +77,9 @@ def _walk(root: Path, parts: tuple[str, ...], must_exist: bool, refused: PathRef
     return cur
 
 
-def confine_spec(spec: dict, data_roots: Sequence[Path], checkpoint_roots: Sequence[Path], *,
-                 on_host: bool) -> dict:
+def confine_spec(
+    spec: dict, data_roots: Sequence[Path], checkpoint_roots: Sequence[Path], *, on_host: bool
+) -> dict:
     """The spec (JSON form) with `data.source` and `checkpoint.root` checked against the roots;
     `on_host` (the agent): the data file must exist, and both come back resolved. SpecError
     names each refused field and its fix."""
@@ -87,16 +90,25 @@ def confine_spec(spec: dict, data_roots: Sequence[Path], checkpoint_roots: Seque
         try:
             data["source"] = f"{kind}:{confine(path, data_roots, must_exist=on_host)}"
         except PathRefused as e:
-            fix = ("add a data root (controller and agent flag --data-root) or use "
-                   "data.source: synthetic" if not data_roots else "move the file under a data root")
+            fix = (
+                "add a data root (controller and agent flag --data-root) or use "
+                "data.source: synthetic"
+                if not data_roots
+                else "move the file under a data root"
+            )
             problems.append(Problem("data.source", f"{e}; {fix}"))
     if ckpt.get("root"):
         try:
             ckpt["root"] = str(confine(ckpt["root"], checkpoint_roots, must_exist=False))
         except PathRefused as e:
-            problems.append(Problem("checkpoint.root", f"{e}; leave checkpoint.root out (checkpoints "
-                                    "then go under the workers' own checkpoint root) or use a "
-                                    "directory under --checkpoint-root-allow"))
+            problems.append(
+                Problem(
+                    "checkpoint.root",
+                    f"{e}; leave checkpoint.root out (checkpoints "
+                    "then go under the workers' own checkpoint root) or use a "
+                    "directory under --checkpoint-root-allow",
+                )
+            )
     if problems:
         raise SpecError(problems)
     return {**spec, "data": data, "checkpoint": ckpt}

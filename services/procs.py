@@ -1,7 +1,8 @@
 """Local process plumbing shared by the agent (trainers) and `meshkeeper up` (the stack).
 
 Children run in their own process groups, die with their parent (Linux PR_SET_PDEATHSIG),
-and stop in bounded time: SIGTERM to the group, SIGKILL after a grace period.
+and stop in bounded time: SIGTERM to the group, SIGKILL after a grace period to the group and
+every process below it (psutil).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import signal
 import socket
 import subprocess
 import time
-from pathlib import Path
+
+import psutil
 
 PR_SET_PDEATHSIG = 1
 
@@ -46,48 +48,64 @@ def signal_group(p: subprocess.Popen, sig: int) -> None:
 KILL_WAIT_S = 5.0  # after SIGKILL: a process still there is stuck in the kernel (state D)
 
 
-def stop_all(procs: list[subprocess.Popen], grace_s: float,
-             kill_wait_s: float = KILL_WAIT_S) -> list[subprocess.Popen]:
-    """SIGTERM every process group, SIGKILL whatever still runs after `grace_s`, reap all.
+def _tree(procs: list[subprocess.Popen]) -> list[psutil.Process]:
+    """Every process below the running ones in `procs`, as of now."""
+    out = []
+    for p in procs:
+        if p.poll() is None:  # still ours: its pid cannot have been reused
+            try:
+                out += psutil.Process(p.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                pass
+    return out
+
+
+def _wait(procs: list[subprocess.Popen], timeout_s: float) -> list[subprocess.Popen]:
+    """Reap each of `procs` within `timeout_s` in all; the ones still running."""
+    deadline, running = time.monotonic() + timeout_s, []
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            running.append(p)
+    return running
+
+
+def stop_all(
+    procs: list[subprocess.Popen], grace_s: float, kill_wait_s: float = KILL_WAIT_S
+) -> list[subprocess.Popen]:
+    """SIGTERM every process group, SIGKILL whatever still runs after `grace_s` (the groups
+    and every process that was below them), reap all.
+
+    The tree is taken before anything is signalled: a leader that exits takes the way to its
+    children with it (they are reparented), and torchrun's ranks sit in sessions of their own
+    that no group signal reaches. psutil refuses to signal a pid that was reused meanwhile.
 
     Every wait is bounded: a process in uninterruptible sleep (D: a hung NFS read, a stuck
     device) ignores even SIGKILL until the kernel lets go, and an unbounded wait would freeze
     the caller (an agent's loop, while its heartbeat thread keeps it looking alive). Returns
     the processes that had not exited `kill_wait_s` after SIGKILL; the kill stays pending and
     a later `poll()` reaps them."""
+    below = _tree(procs)
     for p in procs:
         signal_group(p, signal.SIGTERM)
         if p.stdin and not p.stdin.closed:
             p.stdin.close()  # a child waiting on stdin exits on EOF too
-    deadline = time.monotonic() + grace_s
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
+    _wait(procs, grace_s)
     for p in procs:
         signal_group(p, signal.SIGKILL)  # also reaches children of a leader that exited
-    deadline = time.monotonic() + kill_wait_s
-    stuck = []
-    for p in procs:
+    for c in below:
         try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            stuck.append(p)
-    return stuck
+            c.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return _wait(procs, kill_wait_s)
 
 
 def descendants(pid: int) -> list[int]:
-    """Every process below `pid`, from /proc (torchrun starts its ranks in sessions of
-    their own, so a process group does not reach them)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                kids = [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return out
+    """Every process below `pid` (torchrun starts its ranks in sessions of their own, so a
+    process group does not reach them)."""
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []

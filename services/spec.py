@@ -25,8 +25,9 @@ MAX_STEPS = 10**9
 class Strict(BaseModel):
     # strict: numbers must be numbers (no `true` for 1, no "5" for 5); int is accepted where
     # a float is expected. allow_inf_nan=False: Infinity and NaN are refused everywhere.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True,
-                              allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False
+    )
 
 
 Beta = Annotated[float, Field(strict=True, ge=0, lt=1)]
@@ -58,7 +59,11 @@ class ModelSpec(Strict):
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
         # a non-string preset (a list, a dict: unhashable) is left to the field's own check
-        if isinstance(data, dict) and isinstance(data.get("preset"), str) and data["preset"] in PRESETS:
+        if (
+            isinstance(data, dict)
+            and isinstance(data.get("preset"), str)
+            and data["preset"] in PRESETS
+        ):
             return {**PRESETS[data["preset"]], **data}
         return data
 
@@ -96,7 +101,9 @@ class DataSpec(Strict):
         kind, _, path = source.partition(":")
         if (kind == "synthetic" and not path) or (kind in ("text", "tokens") and path):
             return source
-        raise ValueError(f"{source!r} is not understood; use 'synthetic', 'text:PATH' or 'tokens:PATH'")
+        raise ValueError(
+            f"{source!r} is not understood; use 'synthetic', 'text:PATH' or 'tokens:PATH'"
+        )
 
     @property
     def kind(self) -> str:
@@ -157,18 +164,27 @@ class FaultToleranceSpec(Strict):
     min_dp: int = Field(default=1, ge=1, le=MAX_WORLD)
     max_restarts: int = Field(default=20, ge=0, le=10000)
     quarantine_s: float = Field(
-        default=60.0, ge=0, le=7 * 86400,
+        default=60.0,
+        ge=0,
+        le=7 * 86400,
         description="How long a blamed worker (hung rank, replaced straggler, repeated collateral "
-                    "failures) stays out of the free pool. After it, the worker returns only once its "
-                    "agent's health probe (matmul + gloo all-reduce self-test) passes. 0: probe at once.")
+        "failures) stays out of the free pool. After it, the worker returns only once its "
+        "agent's health probe (matmul + gloo all-reduce self-test) passes. 0: probe at once.",
+    )
     collateral_limit: int = Field(
-        default=3, ge=1, le=1000,
-        description="Blameless failures (every rank exits with an error, no root cause found) in which "
-                    "the same worker's rank exited first, within collateral_window_s, before that worker "
-                    "is blamed and replaced (a flaky NIC or host shows up this way).")
+        default=3,
+        ge=1,
+        le=1000,
+        description="Blameless failures (every rank exits with an error, no root cause found) "
+        "in which the same worker's rank exited first, within collateral_window_s, before that "
+        "worker is blamed and replaced (a flaky NIC or host shows up this way).",
+    )
     collateral_window_s: float = Field(
-        default=900.0, gt=0, le=7 * 86400,
-        description="The window over which collateral_limit is counted.")
+        default=900.0,
+        gt=0,
+        le=7 * 86400,
+        description="The window over which collateral_limit is counted.",
+    )
 
 
 class JobSpec(Strict):
@@ -214,54 +230,93 @@ def consistency_problems(s: JobSpec) -> list[Problem]:
         out.append(Problem(field, msg))
 
     if not NAME_RE.match(s.name):
-        bad("name", f"{s.name!r} must be lowercase letters, digits and '-', starting and ending "
-                    "with a letter or digit (it names the checkpoint directory)")
+        bad(
+            "name",
+            f"{s.name!r} must be lowercase letters, digits and '-', starting and ending "
+            "with a letter or digit (it names the checkpoint directory)",
+        )
     if m.params > MAX_PARAMS:
-        bad("model", f"{m.params:.3g} parameters exceed the limit of {MAX_PARAMS:.0e}; "
-                     "lower model.layers or model.d_model (or use a preset)")
+        bad(
+            "model",
+            f"{m.params:.3g} parameters exceed the limit of {MAX_PARAMS:.0e}; "
+            "lower model.layers or model.d_model (or use a preset)",
+        )
     if p.world_size > MAX_WORLD:
         bad("parallel", f"dp*pp*tp = {p.world_size} exceeds {MAX_WORLD} ranks; lower dp, pp or tp")
     if m.d_model % m.heads:
-        bad("model.heads", f"d_model ({m.d_model}) must be divisible by heads ({m.heads}); "
-                           f"choose heads in {{{_divisors(m.d_model)}}}")
+        bad(
+            "model.heads",
+            f"d_model ({m.d_model}) must be divisible by heads ({m.heads}); "
+            f"choose heads in {{{_divisors(m.d_model)}}}",
+        )
     elif m.head_dim % 2:
-        bad("model.heads", f"head dim d_model/heads = {m.head_dim} must be even for RoPE; "
-                           "halve heads or double d_model")
+        bad(
+            "model.heads",
+            f"head dim d_model/heads = {m.head_dim} must be even for RoPE; "
+            "halve heads or double d_model",
+        )
     if m.heads % p.tp:
-        bad("parallel.tp", f"model.heads ({m.heads}) must be divisible by tp ({p.tp}); "
-                           f"choose tp in {{{_divisors(m.heads)}}}")
+        bad(
+            "parallel.tp",
+            f"model.heads ({m.heads}) must be divisible by tp ({p.tp}); "
+            f"choose tp in {{{_divisors(m.heads)}}}",
+        )
     if m.ffn % p.tp:
-        bad("parallel.tp", f"MLP hidden size ({m.ffn}) must be divisible by tp ({p.tp}); "
-                           "set model.ffn_hidden to a multiple of tp")
+        bad(
+            "parallel.tp",
+            f"MLP hidden size ({m.ffn}) must be divisible by tp ({p.tp}); "
+            "set model.ffn_hidden to a multiple of tp",
+        )
     stages = p.pp * p.virtual_stages
     if m.layers % stages:
-        bad("model.layers", f"layers ({m.layers}) must be divisible by pp*virtual_stages "
-                            f"({p.pp}*{p.virtual_stages} = {stages}); change layers or pp")
+        bad(
+            "model.layers",
+            f"layers ({m.layers}) must be divisible by pp*virtual_stages "
+            f"({p.pp}*{p.virtual_stages} = {stages}); change layers or pp",
+        )
     if p.pp_schedule == "interleaved_1f1b":
         if p.virtual_stages < 2:
-            bad("parallel.virtual_stages", "interleaved_1f1b needs virtual_stages >= 2; "
-                                           "set it or use pp_schedule 1f1b")
+            bad(
+                "parallel.virtual_stages",
+                "interleaved_1f1b needs virtual_stages >= 2; set it or use pp_schedule 1f1b",
+            )
         if p.microbatches % p.pp:
-            bad("parallel.microbatches", f"interleaved_1f1b needs microbatches ({p.microbatches}) "
-                                         f"divisible by pp ({p.pp})")
+            bad(
+                "parallel.microbatches",
+                f"interleaved_1f1b needs microbatches ({p.microbatches}) divisible by pp ({p.pp})",
+            )
     elif p.virtual_stages != 1:
-        bad("parallel.virtual_stages", f"virtual_stages > 1 needs pp_schedule interleaved_1f1b "
-                                       f"(got {p.pp_schedule}); set virtual_stages: 1")
+        bad(
+            "parallel.virtual_stages",
+            f"virtual_stages > 1 needs pp_schedule interleaved_1f1b "
+            f"(got {p.pp_schedule}); set virtual_stages: 1",
+        )
     if p.pp > 1 and p.microbatches < p.pp:
-        bad("parallel.microbatches", f"microbatches ({p.microbatches}) must be >= pp ({p.pp}) "
-                                     "or the pipeline never fills; raise microbatches")
+        bad(
+            "parallel.microbatches",
+            f"microbatches ({p.microbatches}) must be >= pp ({p.pp}) "
+            "or the pipeline never fills; raise microbatches",
+        )
     if t.global_batch % (p.dp * p.microbatches):
-        bad("train.global_batch", f"global_batch ({t.global_batch}) must be divisible by "
-                                  f"dp*microbatches ({p.dp}*{p.microbatches} = {p.dp * p.microbatches})")
+        bad(
+            "train.global_batch",
+            f"global_batch ({t.global_batch}) must be divisible by "
+            f"dp*microbatches ({p.dp}*{p.microbatches} = {p.dp * p.microbatches})",
+        )
     if t.warmup_steps > t.steps:
         bad("train.warmup_steps", f"warmup_steps ({t.warmup_steps}) exceeds steps ({t.steps})")
     ft = s.fault_tolerance
     if ft.dead_after_s < 2 * ft.heartbeat_s:
-        bad("fault_tolerance.dead_after_s", f"dead_after_s ({ft.dead_after_s}) must be at least "
-                                            f"2x heartbeat_s ({ft.heartbeat_s}) or one late beat kills a rank")
+        bad(
+            "fault_tolerance.dead_after_s",
+            f"dead_after_s ({ft.dead_after_s}) must be at least "
+            f"2x heartbeat_s ({ft.heartbeat_s}) or one late beat kills a rank",
+        )
     if ft.hang_after_s <= ft.dead_after_s:
-        bad("fault_tolerance.hang_after_s", f"hang_after_s ({ft.hang_after_s}) must exceed "
-                                            f"dead_after_s ({ft.dead_after_s})")
+        bad(
+            "fault_tolerance.hang_after_s",
+            f"hang_after_s ({ft.hang_after_s}) must exceed dead_after_s ({ft.dead_after_s})",
+        )
     if ft.min_dp > p.dp:
         bad("fault_tolerance.min_dp", f"min_dp ({ft.min_dp}) cannot exceed parallel.dp ({p.dp})")
     if s.data.kind == "text" and m.vocab < 256:
@@ -282,7 +337,9 @@ def _known_keys(loc: tuple) -> list[str]:
 
 # Type errors of the strict model, said with the fix.
 STRICT_TYPES = {
-    "int_type": "must be a whole number written without quotes (not true/false, not a string, not 2.0)",
+    "int_type": (
+        "must be a whole number written without quotes (not true/false, not a string, not 2.0)"
+    ),
     "float_type": "must be a number written without quotes (not true/false, not a string)",
     "finite_number": "must be a finite number (not Infinity or NaN)",
     "string_type": "must be a string",
@@ -304,7 +361,9 @@ def _problem_from_pydantic(err: dict) -> Problem:
     kind, msg = err["type"], err["msg"]
     if kind == "extra_forbidden":
         keys = _known_keys(loc)
-        msg = "unknown key; remove it or fix the spelling" + (f" (valid: {', '.join(keys)})" if keys else "")
+        msg = "unknown key; remove it or fix the spelling" + (
+            f" (valid: {', '.join(keys)})" if keys else ""
+        )
     elif kind == "missing":
         msg = "required; add it"
     elif kind == "literal_error":
@@ -314,7 +373,7 @@ def _problem_from_pydantic(err: dict) -> Problem:
     elif kind in STRICT_TYPES:
         msg = f"{STRICT_TYPES[kind]} (got {_shown(err.get('input'))})"
     elif msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+        msg = msg[len("Value error, ") :]
     return Problem(field, msg)
 
 
@@ -347,6 +406,13 @@ def load_spec(path: str | Path) -> JobSpec:
 def check_world_size(spec: JobSpec, world_size: int) -> None:
     if world_size != spec.parallel.world_size:
         p = spec.parallel
-        raise SpecError([Problem("parallel", f"the launch has {world_size} ranks but dp*pp*tp = "
-                                             f"{p.dp}*{p.pp}*{p.tp} = {p.world_size}; launch "
-                                             f"{p.world_size} ranks or change the degrees")])
+        raise SpecError(
+            [
+                Problem(
+                    "parallel",
+                    f"the launch has {world_size} ranks but dp*pp*tp = "
+                    f"{p.dp}*{p.pp}*{p.tp} = {p.world_size}; launch "
+                    f"{p.world_size} ranks or change the degrees",
+                )
+            ]
+        )

@@ -1,26 +1,27 @@
-"""The Redis contract of DESIGN.md section 4: keys under a prefix, and every operation on them.
+"""The Redis contract (docs/architecture.md, "Redis keys"): keys under a prefix, and every
+operation on them.
 
 Rules this module keeps:
 - liveness uses Redis server TIME (inside Lua), never a local clock, so hosts may skew;
 - writes a generation or the controller lease guards are Lua scripts (atomic check-and-set);
 - nested values are JSON strings inside hashes;
-- connection errors surface as `redis.RedisError`; callers loop with `Backoff` and retry.
+- connection errors surface as `redis.RedisError`; callers retry with a backoff (tenacity).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import random
 import re
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from services import scripts
 
@@ -35,20 +36,6 @@ class Fenced(RuntimeError):
 class TxRefused(RuntimeError):
     """A fenced transaction failed its checks in Redis (an undeclared key, a key of the wrong
     type, a malformed command); nothing of it was written."""
-
-
-class Backoff:
-    """Exponential backoff with full jitter, for reconnect loops."""
-
-    def __init__(self, base: float = 0.05, cap: float = 2.0):
-        self.base, self.cap, self.n = base, cap, 0
-
-    def next(self) -> float:
-        self.n += 1
-        return random.uniform(0, min(self.cap, self.base * 2 ** self.n))
-
-    def reset(self) -> None:
-        self.n = 0
 
 
 @dataclass(frozen=True)
@@ -123,34 +110,38 @@ class Tx:
     cmds: list[list[str]] = field(default_factory=list)
     keys: dict[str, None] = field(default_factory=dict)  # insertion-ordered set
 
-    def _add(self, cmd: list[str], *keys: str) -> "Tx":
+    def _add(self, cmd: list[str], *keys: str) -> Tx:
         self.keys.update(dict.fromkeys(keys))
         self.cmds.append(cmd)
         return self
 
-    def hset(self, key: str, mapping: dict[str, Any]) -> "Tx":
+    def hset(self, key: str, mapping: dict[str, Any]) -> Tx:
         items = [x for kv in flat(mapping).items() for x in kv]
         for i in range(0, len(items), 2 * HSET_CHUNK):
-            self._add(["HSET", key, *items[i:i + 2 * HSET_CHUNK]], key)
+            self._add(["HSET", key, *items[i : i + 2 * HSET_CHUNK]], key)
         return self
 
-    def delete(self, *keys: str) -> "Tx":
+    def delete(self, *keys: str) -> Tx:
         return self._add(["DEL", *keys], *keys)
 
-    def delete_if(self, key: str, field_: str, value: str) -> "Tx":
+    def delete_if(self, key: str, field_: str, value: str) -> Tx:
         """Delete hash `key` only if its `field_` still equals `value`."""
         return self._add(["DELIFEQ", key, field_, value], key)
 
-    def zrem(self, key: str, member: str) -> "Tx":
+    def zrem(self, key: str, member: str) -> Tx:
         return self._add(["ZREM", key, member], key)
 
-    def publish(self, channel: str, message: str) -> "Tx":
+    def publish(self, channel: str, message: str) -> Tx:
         return self._add(["PUBLISH", channel, message])  # a channel is not a key
 
-    def event(self, stream: str, fields: dict[str, Any]) -> "Tx":
-        """XADD, trimmed to about EVENTS_MAXLEN entries (the script adds MAXLEN ~ and the id)."""
+    def xadd(self, stream: str, fields: dict[str, Any], maxlen: int) -> Tx:
+        """XADD, trimmed to about `maxlen` entries (the script adds MAXLEN ~ and the id)."""
         items = [x for kv in flat(fields).items() for x in kv]
-        return self._add(["XADD", stream, str(EVENTS_MAXLEN), *items], stream)
+        return self._add(["XADD", stream, str(maxlen), *items], stream)
+
+    def event(self, stream: str, fields: dict[str, Any]) -> Tx:
+        """A job event, the stream trimmed to about EVENTS_MAXLEN entries."""
+        return self.xadd(stream, fields, EVENTS_MAXLEN)
 
 
 @dataclass(frozen=True)
@@ -184,8 +175,18 @@ def controller_acl(prefix: str) -> list[str]:
     """The controller's rules: every key and channel under the prefix, no server-wide
     commands (FLUSHALL, CONFIG, KEYS, ...), plus what it needs to manage agent users and
     read the server's uptime."""
-    return [f"~{prefix}*", f"&{prefix}*", "+@all", "-@dangerous", "+info", "+acl|setuser",
-            "+acl|deluser", "+acl|getuser", "+acl|save", "+client|kill"]
+    return [
+        f"~{prefix}*",
+        f"&{prefix}*",
+        "+@all",
+        "-@dangerous",
+        "+info",
+        "+acl|setuser",
+        "+acl|deluser",
+        "+acl|getuser",
+        "+acl|save",
+        "+client|kill",
+    ]
 
 
 def agent_acl(prefix: str, wid: str) -> list[str]:
@@ -196,17 +197,44 @@ def agent_acl(prefix: str, wid: str) -> list[str]:
     if not WORKER_ID_RE.match(wid) or not PREFIX_RE.match(prefix):
         raise ValueError(f"worker id {wid!r} / prefix {prefix!r} not allowed in an ACL pattern")
     me = f"{prefix}worker:{wid}"
-    return ["resetkeys", "resetchannels", "-@all",
-            "+ping", "+time", "+hello", "+auth",
-            "+evalsha", "+eval", "+script|load", "+subscribe", "+unsubscribe", "+multi", "+exec", "+discard",
-            "+hget", "+hgetall", "+hmget", "+hset", "+del", "+zadd", "+zrem", "+xadd",
-            "+set",  # worker:{wid}:metrics, the endpoint it advertises (services/discovery.py)
-            f"%RW~{me}", f"%RW~{me}:progress", f"%RW~{me}:probe", f"%RW~{me}:metrics",
-            f"%R~{me}:assignment", f"%R~{me}:health",  # controller-written: read only
-            f"%RW~{prefix}workers:seen",
-            # one pattern must grant all a command needs: the CAS (EVALSHA) needs RW on its key
-            f"%R~{prefix}job:*", f"%W~{prefix}job:*:events", f"%RW~{prefix}job:*:checkpoint",
-            f"&{me}:assignment"]
+    return [
+        "resetkeys",
+        "resetchannels",
+        "-@all",
+        "+ping",
+        "+time",
+        "+hello",
+        "+auth",
+        "+evalsha",
+        "+eval",
+        "+script|load",
+        "+subscribe",
+        "+unsubscribe",
+        "+multi",
+        "+exec",
+        "+discard",
+        "+hget",
+        "+hgetall",
+        "+hmget",
+        "+hset",
+        "+del",
+        "+zadd",
+        "+zrem",
+        "+xadd",
+        "+set",  # worker:{wid}:metrics, the endpoint it advertises (services/discovery.py)
+        f"%RW~{me}",
+        f"%RW~{me}:progress",
+        f"%RW~{me}:probe",
+        f"%RW~{me}:metrics",
+        f"%R~{me}:assignment",
+        f"%R~{me}:health",  # controller-written: read only
+        f"%RW~{prefix}workers:seen",
+        # one pattern must grant all a command needs: the CAS (EVALSHA) needs RW on its key
+        f"%R~{prefix}job:*",
+        f"%W~{prefix}job:*:events",
+        f"%RW~{prefix}job:*:checkpoint",
+        f"&{me}:assignment",
+    ]
 
 
 def acl_file(prefix: str, admin_password: str, controller_password: str) -> str:
@@ -217,11 +245,17 @@ def acl_file(prefix: str, admin_password: str, controller_password: str) -> str:
     # refused MULTI/EXEC blocks while replaying its AOF ("NOPERM ACLs rules changed between
     # the moment the transaction was accumulated and the EXEC call"), and a running job
     # vanished; with full permissions no ACL can refuse the replay.
-    return "\n".join([
-        "user default off ~* &* +@all",
-        f"user admin on {acl_password(admin_password)} ~* &* +@all",
-        f"user controller on {acl_password(controller_password)} " + " ".join(controller_acl(prefix)),
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                "user default off ~* &* +@all",
+                f"user admin on {acl_password(admin_password)} ~* &* +@all",
+                f"user controller on {acl_password(controller_password)} "
+                + " ".join(controller_acl(prefix)),
+            ]
+        )
+        + "\n"
+    )
 
 
 def without_credentials(url: str) -> str:
@@ -235,7 +269,9 @@ def with_credentials(url: str, user: str, password: str) -> str:
     u = urlsplit(url)
     host = u.hostname or "127.0.0.1"
     host = f"[{host}]" if ":" in host else host
-    netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}" + (f":{u.port}" if u.port else "")
+    netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}" + (
+        f":{u.port}" if u.port else ""
+    )
     return urlunsplit((u.scheme, netloc, u.path, u.query, u.fragment))
 
 
@@ -252,22 +288,36 @@ class Store:
     """One Redis connection pool plus the contract's operations. Thread-safe."""
 
     # How long one call may block when Redis stalls or cannot be reached, before it raises
-    # RedisError and the caller's own loop backs off and logs it (DESIGN.md section 7):
-    #   worst case = (retries + 1) x (connect_timeout + socket_timeout) + retries x backoff (<= 0.5 s)
+    # RedisError and the caller's own loop backs off and logs it (docs/architecture.md,
+    # "Failure handling"):
+    #   worst case = (retries + 1) x (connect_timeout + socket_timeout)
+    #                + retries x backoff (<= 0.5 s)
     # A frozen redis-server still accepts connections (the kernel does), so a stall costs the
     # socket timeouts only: with these defaults 2 x 2.0 s + ~0.1 s, about 4 s (it was 3 x 5 s).
     # That is a bound for the controller and the agent's main loop, whose calls wait out short
     # blips; the controller judges no silence after such a gap (controller/availability.py).
     # The heartbeat, which has to reach Redis within dead_after_s (2 s by default), uses its
     # own tighter bound (worker/heartbeat.py).
-    def __init__(self, url: str, prefix: str = "mk:", *, socket_timeout: float = 2.0,
-                 connect_timeout: float = 1.0, retries: int = 1):
+    def __init__(
+        self,
+        url: str,
+        prefix: str = "mk:",
+        *,
+        socket_timeout: float = 2.0,
+        connect_timeout: float = 1.0,
+        retries: int = 1,
+    ):
         self.url = url
         self.keys = Keys(prefix)
         self.r = redis.Redis.from_url(
-            url, decode_responses=True, socket_connect_timeout=connect_timeout,
-            socket_timeout=socket_timeout, retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries),
-            retry_on_error=[redis.ConnectionError, redis.TimeoutError], health_check_interval=5)
+            url,
+            decode_responses=True,
+            socket_connect_timeout=connect_timeout,
+            socket_timeout=socket_timeout,
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries),
+            retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+            health_check_interval=5,
+        )
         self._heartbeat = self.r.register_script(scripts.HEARTBEAT)
         self._fenced = self.r.register_script(scripts.FENCED_EXEC)
         self._lease = self.r.register_script(scripts.LEASE_ACQUIRE)
@@ -301,10 +351,12 @@ class Store:
     def set_worker(self, wid: str, fields: dict[str, Any]) -> None:
         self.r.hset(self.keys.worker(wid), mapping=flat(fields))
 
-    def heartbeat(self, wid: str, job: str = "", generation: int = 0) -> "Beat":
+    def heartbeat(self, wid: str, job: str = "", generation: int = 0) -> Beat:
         """Stamp `workers:seen` with server time; returns that time and the worker's pointer."""
-        t, pjob, pgen = self._heartbeat(keys=[self.keys.workers_seen(), self.keys.worker(wid)],
-                                        args=[wid, job, generation, self.keys.worker_assignment(wid)])
+        t, pjob, pgen = self._heartbeat(
+            keys=[self.keys.workers_seen(), self.keys.worker(wid)],
+            args=[wid, job, generation, self.keys.worker_assignment(wid)],
+        )
         return Beat(float(t), pjob, int(pgen or 0))
 
     def join_worker(self, wid: str, info: dict[str, Any], password: str) -> bool:
@@ -314,8 +366,15 @@ class Store:
         whether the user was saved to Redis's aclfile (False: Redis has none, and agent users
         last until it restarts)."""
         user = agent_user(wid)
-        self.r.execute_command("ACL", "SETUSER", user, "reset", "on", acl_password(password),
-                               *agent_acl(self.keys.prefix, wid))
+        self.r.execute_command(
+            "ACL",
+            "SETUSER",
+            user,
+            "reset",
+            "on",
+            acl_password(password),
+            *agent_acl(self.keys.prefix, wid),
+        )
         self.r.execute_command("CLIENT", "KILL", "USER", user)
         pipe = self.r.pipeline()
         pipe.delete(self.keys.worker(wid))
@@ -343,15 +402,25 @@ class Store:
         pipe.hset(k, mapping=flat(progress))
         pipe.execute()
 
-    def commit_checkpoint(self, jid: str, generation: int, step: int, path: str,
-                          keep: int = 1_000_000, *, wid: str) -> list[dict] | None:
+    def commit_checkpoint(
+        self, jid: str, generation: int, step: int, path: str, keep: int = 1_000_000, *, wid: str
+    ) -> list[dict] | None:
         """Move the checkpoint pointer, only within the job's current generation and forward,
         and only for worker `wid` while its assignment names that job and generation.
         None when refused; else the history entries that fell out of the newest `keep`, which
         no pointer references any more (the only checkpoints anyone may delete)."""
-        dropped = self._checkpoint(keys=[self.keys.job_checkpoint(jid)],
-                                   args=[generation, step, path, max(1, keep), jid, self.keys.job(jid),
-                                         self.keys.worker_assignment(wid)])
+        dropped = self._checkpoint(
+            keys=[self.keys.job_checkpoint(jid)],
+            args=[
+                generation,
+                step,
+                path,
+                max(1, keep),
+                jid,
+                self.keys.job(jid),
+                self.keys.worker_assignment(wid),
+            ],
+        )
         return None if dropped is None else loads(dropped, [])
 
     def checkpoint_history(self, jid: str) -> list[dict]:
@@ -365,14 +434,19 @@ class Store:
 
     def alive_workers(self, within_s: float, now: float | None = None) -> dict[str, float]:
         now = self.now() if now is None else now
-        return dict(self.r.zrangebyscore(self.keys.workers_seen(), now - within_s, "+inf",
-                                         withscores=True))
+        return dict(
+            self.r.zrangebyscore(self.keys.workers_seen(), now - within_s, "+inf", withscores=True)
+        )
 
     def last_seen(self, wids: list[str]) -> dict[str, float]:
         """Last heartbeat (server time) of each of `wids` that has one."""
         if not wids:
             return {}
-        return {w: t for w, t in zip(wids, self.r.zmscore(self.keys.workers_seen(), wids)) if t is not None}
+        return {
+            w: t
+            for w, t in zip(wids, self.r.zmscore(self.keys.workers_seen(), wids), strict=True)
+            if t is not None
+        }
 
     def alive_among(self, wids: list[str], within_s: float) -> set[str]:
         """Which of `wids` heartbeat within `within_s` of server time: one round trip, and
@@ -384,22 +458,23 @@ class Store:
         pipe.zmscore(self.keys.workers_seen(), wids)
         (s, us), scores = pipe.execute()
         cutoff = s + us / 1e6 - within_s
-        return {w for w, t in zip(wids, scores) if t is not None and t >= cutoff}
+        return {w for w, t in zip(wids, scores, strict=True) if t is not None and t >= cutoff}
 
-    def _hgetall_many(self, keys: Iterable[str]) -> list[dict[str, str]]:
+    def _hashes(self, ids: list[str], key_of: Callable[[str], str]) -> dict[str, dict[str, str]]:
+        """id -> the hash at `key_of(id)`, in one round trip."""
         pipe = self.r.pipeline(transaction=False)
-        for k in keys:
-            pipe.hgetall(k)
-        return pipe.execute()
+        for i in ids:
+            pipe.hgetall(key_of(i))
+        return dict(zip(ids, pipe.execute(), strict=True))
 
     def workers(self, wids: list[str]) -> dict[str, dict[str, str]]:
-        return dict(zip(wids, self._hgetall_many(self.keys.worker(w) for w in wids)))
+        return self._hashes(wids, self.keys.worker)
 
     def progress(self, wids: list[str]) -> dict[str, dict[str, str]]:
-        return dict(zip(wids, self._hgetall_many(self.keys.worker_progress(w) for w in wids)))
+        return self._hashes(wids, self.keys.worker_progress)
 
     def assignments(self, wids: list[str]) -> dict[str, dict[str, str]]:
-        return dict(zip(wids, self._hgetall_many(self.keys.worker_assignment(w) for w in wids)))
+        return self._hashes(wids, self.keys.worker_assignment)
 
     # -- jobs -------------------------------------------------------------------------
     def create_job(self, jid: str, record: dict[str, Any]) -> int:
@@ -420,7 +495,7 @@ class Store:
         return self.r.hgetall(self.keys.job(jid))
 
     def jobs(self, jids: list[str]) -> dict[str, dict[str, str]]:
-        return dict(zip(jids, self._hgetall_many(self.keys.job(j) for j in jids)))
+        return self._hashes(jids, self.keys.job)
 
     def job_ids(self, open_only: bool = False, last: int = 0) -> list[str]:
         """Job ids in submission order; only the newest `last` when given."""
@@ -435,8 +510,12 @@ class Store:
 
     # -- events -----------------------------------------------------------------------
     def add_event(self, jid: str, fields: dict[str, Any]) -> None:
-        self.r.xadd(self.keys.job_events(jid), flat({"time": self.now(), **fields}),
-                    maxlen=EVENTS_MAXLEN, approximate=True)
+        self.r.xadd(
+            self.keys.job_events(jid),
+            flat({"time": self.now(), **fields}),
+            maxlen=EVENTS_MAXLEN,
+            approximate=True,
+        )
 
     def events(self, jid: str, after: str = "-", limit: int = 100) -> list[dict[str, Any]]:
         start = f"({after}" if after != "-" else "-"
@@ -452,8 +531,9 @@ class Store:
     # -- the controller lease -----------------------------------------------------------
     def acquire_lease(self, holder: str, ttl_s: float) -> str | None:
         """Take or renew the lease; returns 'holder:token' while we hold it, else None."""
-        v = self._lease(keys=[self.keys.lease(), self.keys.lease_token()],
-                        args=[holder, int(ttl_s * 1000)])
+        v = self._lease(
+            keys=[self.keys.lease(), self.keys.lease_token()], args=[holder, int(ttl_s * 1000)]
+        )
         return v or None
 
     def release_lease(self, lease: str) -> None:
@@ -475,18 +555,17 @@ class Store:
             if msg.startswith("FENCED"):
                 raise Fenced(f"lease {lease} is no longer held") from None
             if msg.startswith("REFUSED"):
-                raise TxRefused(f"fenced transaction refused, nothing written: {msg[len('REFUSED '):]}") from None
+                raise TxRefused(
+                    f"fenced transaction refused, nothing written: {msg[len('REFUSED ') :]}"
+                ) from None
             raise
 
 
 def wait_for_redis(store: Store, timeout_s: float) -> None:
     """Block until Redis answers (or raise the last error)."""
-    deadline, backoff = time.monotonic() + timeout_s, Backoff()
-    while True:
-        try:
-            store.ping()
-            return
-        except redis.RedisError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(backoff.next())
+    Retrying(
+        retry=retry_if_exception_type(redis.RedisError),
+        stop=stop_after_delay(timeout_s),
+        wait=wait_random_exponential(multiplier=0.1, max=2.0),
+        reraise=True,
+    )(store.ping)

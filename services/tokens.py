@@ -14,9 +14,11 @@ import hashlib
 import json
 import os
 import secrets
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
+
+from services.secrets import write_secret
 
 # viewer reads; submitter also submits and cancels its own jobs; admin does everything;
 # scrape reads only /metrics and the Prometheus service discovery.
@@ -48,8 +50,9 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def write_auth_file(path: str | Path, tokens: Iterable[tuple[str, str, str]],
-                    join_token: str | None = None) -> Path:
+def write_auth_file(
+    path: str | Path, tokens: Iterable[tuple[str, str, str]], join_token: str | None = None
+) -> Path:
     """Write (name, role, plaintext) tokens as hashes; the file is created 0600 (never
     world-readable, not even for an instant)."""
     entries = []
@@ -59,12 +62,7 @@ def write_auth_file(path: str | Path, tokens: Iterable[tuple[str, str, str]],
     body: dict = {"tokens": entries}
     if join_token:
         body["join_sha256"] = hash_token(join_token)
-    path = Path(path)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(body, f, indent=2)
-    os.chmod(path, 0o600)  # O_CREAT's mode does not apply to a file that already existed
-    return path
+    return write_secret(Path(path), json.dumps(body, indent=2))
 
 
 def read_auth_file(path: str | Path) -> AuthFile:
@@ -72,18 +70,23 @@ def read_auth_file(path: str | Path) -> AuthFile:
     try:
         raw = json.loads(Path(path).read_text())
     except OSError as e:
-        raise TokenError(f"cannot read {where}: {e.strerror}; pass --auth-file with the "
-                         "auth.json that `meshkeeper up` writes under its run dir's secrets/")
+        raise TokenError(
+            f"cannot read {where}: {e.strerror}; pass --auth-file with the "
+            "auth.json that `meshkeeper up` writes under its run dir's secrets/"
+        ) from None
     except json.JSONDecodeError as e:
-        raise TokenError(f"{where} is not JSON ({e.msg}, line {e.lineno})")
+        raise TokenError(f"{where} is not JSON ({e.msg}, line {e.lineno})") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("tokens", []), list):
-        raise TokenError(f'{where} must be {{"tokens": [{{"name", "role", "sha256"}}, ...], '
-                         '"join_sha256": "<hex>"}')
+        raise TokenError(
+            f'{where} must be {{"tokens": [{{"name", "role", "sha256"}}, ...], '
+            '"join_sha256": "<hex>"}'
+        )
     entries = []
     for i, t in enumerate(raw.get("tokens", [])):
         field = f"{where}: tokens[{i}]"
-        if not isinstance(t, dict) or not all(isinstance(t.get(k), str) and t.get(k)
-                                              for k in ("name", "role", "sha256")):
+        if not isinstance(t, dict) or not all(
+            isinstance(t.get(k), str) and t.get(k) for k in ("name", "role", "sha256")
+        ):
             raise TokenError(f'{field} needs string fields "name", "role" and "sha256"')
         _check_role(t["role"], field)
         entries.append(TokenEntry(t["name"], t["role"], _check_hex(t["sha256"], f"{field}.sha256")))
@@ -105,7 +108,7 @@ def read_token(env: Mapping[str, str] | None = None, var: str = "MESHKEEPER_TOKE
     try:
         token = Path(path).read_text().strip()
     except OSError as e:
-        raise TokenError(f"{var}_FILE={path}: cannot read it ({e.strerror})")
+        raise TokenError(f"{var}_FILE={path}: cannot read it ({e.strerror})") from None
     if not token:
         raise TokenError(f"{var}_FILE={path} is empty")
     return token
@@ -117,7 +120,10 @@ def _check_role(role: str, where: str) -> None:
 
 
 def _check_hex(value, where: str) -> str:
-    if not isinstance(value, str) or len(value) != 64 or any(c not in "0123456789abcdef"
-                                                               for c in value.lower()):
+    if (
+        not isinstance(value, str)
+        or len(value) != 64
+        or any(c not in "0123456789abcdef" for c in value.lower())
+    ):
         raise TokenError(f"{where} must be 64 hex digits (sha256 of the token)")
     return value.lower()

@@ -17,6 +17,14 @@ from services.procs import descendants
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+TRAINING = ("model", "data", "parallel", "train", "checkpoint")  # what decides the numbers
+
+
+def training_key(spec: dict) -> str:
+    """Runs with equal keys train the same numbers (checkpoint.keep only decides pruning)."""
+    key = {k: spec.get(k) for k in TRAINING}
+    key["checkpoint"] = {k: v for k, v in (key["checkpoint"] or {}).items() if k != "keep"}
+    return json.dumps(key, sort_keys=True)
 
 
 def write_spec(spec: dict, directory: Path, name: str = "job.yaml") -> Path:
@@ -30,26 +38,51 @@ def trainer_command(spec: dict, directory: Path, extra: list[str] = ()) -> list[
     directory.mkdir(parents=True, exist_ok=True)
     p = spec.get("parallel", {})
     nproc = p.get("dp", 1) * p.get("pp", 1) * p.get("tp", 1)
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "worker.train", "--spec", str(write_spec(spec, directory)),
-            "--metrics-out", str(directory / "steps.jsonl"), "--quiet", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "worker.trainer",
+        "--spec",
+        str(write_spec(spec, directory)),
+        "--metrics-out",
+        str(directory / "steps.jsonl"),
+        "--quiet",
+        *extra,
+    ]
 
 
-def run_trainer(spec: dict, directory: Path, *, extra: list[str] = (), timeout: float = 300,
-                fresh: bool = True) -> subprocess.CompletedProcess:
+def run_trainer(
+    spec: dict, directory: Path, *, extra: list[str] = (), timeout: float = 300, fresh: bool = True
+) -> subprocess.CompletedProcess:
     if fresh:
         (directory / "steps.jsonl").unlink(missing_ok=True)
-    proc = subprocess.run(trainer_command(spec, directory, extra), cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        trainer_command(spec, directory, extra),
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if proc.returncode != 0:
         # torchrun names the first rank that failed; its own lines get lost behind the others'
-        first = "\n".join(line for line in proc.stderr.splitlines() if line.startswith("[rank0]"))[-3000:]
-        raise AssertionError(f"trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                             f"rank 0:\n{first}\nlast lines:\n{proc.stderr[-6000:]}")
+        first = "\n".join(line for line in proc.stderr.splitlines() if line.startswith("[rank0]"))[
+            -3000:
+        ]
+        raise AssertionError(
+            f"trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+            f"rank 0:\n{first}\nlast lines:\n{proc.stderr[-6000:]}"
+        )
     return proc
 
 
-def train(spec: dict, directory: Path, *, extra: list[str] = (), timeout: float = 300) -> list[dict]:
+def train(
+    spec: dict, directory: Path, *, extra: list[str] = (), timeout: float = 300
+) -> list[dict]:
     """Run the spec to the end; return rank 0's step records."""
     run_trainer(spec, directory, extra=extra, timeout=timeout)
     return step_records(directory)
@@ -59,8 +92,14 @@ def start_trainer(spec: dict, directory: Path, extra: list[str] = ()) -> subproc
     """Start in its own session, so `kill_all` can SIGKILL every rank at once."""
     directory.mkdir(parents=True, exist_ok=True)
     log = (directory / "run.log").open("a")
-    return subprocess.Popen(trainer_command(spec, directory, extra), cwd=ROOT, env=ENV, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        trainer_command(spec, directory, extra),
+        cwd=ROOT,
+        env=ENV,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def kill_all(proc: subprocess.Popen) -> None:
@@ -73,7 +112,9 @@ def kill_all(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def wait_for(what: str, predicate: Callable[[], bool], proc: subprocess.Popen, timeout: float = 240) -> None:
+def wait_for(
+    what: str, predicate: Callable[[], bool], proc: subprocess.Popen, timeout: float = 240
+) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if proc.poll() is not None:

@@ -1,11 +1,14 @@
-"""The local stack the integration and chaos tests run against: a real redis-server on a
-free port, real controller processes (uvicorn), real agents with warm trainers, real HTTP.
-Nothing is mocked.
+"""The local stack the tests run against: a real redis-server on a free port, real controller
+processes (uvicorn), real agents with warm trainers, real HTTP. Nothing is mocked.
 
-One stack (Redis with AOF, a controller, 8 agents) is shared by the whole session (the
-fixtures live in tests/conftest.py) because starting agents means importing torch in their
-warm trainers; each test gets it idle and healthy (`stack` fixture), and tests that kill a
-controller, Redis or a worker leave it whole again.
+One stack (Redis with AOF and auth on, a controller with an auth file, 8 agents serving their
+Prometheus endpoints) is shared by the whole session: by tests/integration, tests/chaos and
+tests/observability (the fixtures live in tests/conftest.py). Starting agents means importing
+torch in their warm trainers, so a second stack would double that cost. Each test gets it idle
+and healthy (`stack` fixture) and uses its own job, which ends or is cancelled; tests that kill
+a controller, Redis or a worker leave it whole again. What stays is cumulative by nature
+(event logs of ended jobs, the controller's counters): tests read their own job's series, or
+the change across their own scrapes.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import redis
 
 from services.client import ApiError, Client
@@ -57,16 +62,26 @@ class TestSecrets:
         return self.auth_file.parent / "join-token"
 
     @classmethod
-    def create(cls, work: Path) -> "TestSecrets":
+    def create(cls, work: Path) -> TestSecrets:
         work.mkdir(parents=True, exist_ok=True)
         tokens = {role: new_token() for role in ("admin", "viewer", "submitter", "scrape")}
         join = new_token()
-        auth = write_auth_file(work / "auth.json", [(role, role, t) for role, t in tokens.items()], join)
+        auth = write_auth_file(
+            work / "auth.json", [(role, role, t) for role, t in tokens.items()], join
+        )
         fd = os.open(work / "join-token", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(join)
-        return cls(tokens["admin"], tokens["viewer"], tokens["submitter"], tokens["scrape"], join,
-                   auth, new_token(), new_token())
+        return cls(
+            tokens["admin"],
+            tokens["viewer"],
+            tokens["submitter"],
+            tokens["scrape"],
+            join,
+            auth,
+            new_token(),
+            new_token(),
+        )
 
 
 def wait_until(fn: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> Any:
@@ -91,8 +106,15 @@ class Proc:
         self.name, self.log = name, log_dir / f"{name}.log"
         log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
-            self.p = subprocess.Popen(argv, cwd=ROOT, env=ENV, stdin=subprocess.DEVNULL, stdout=out,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
+            self.p = subprocess.Popen(
+                argv,
+                cwd=ROOT,
+                env=ENV,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     @property
     def pid(self) -> int:
@@ -113,12 +135,45 @@ class Proc:
         return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
 
 
+def controller_argv(port: int, redis_url: str, *extra: str) -> list[str]:
+    """`python -m controller` on `port` against `redis_url`, plus `extra` flags."""
+    return [
+        sys.executable,
+        "-m",
+        "controller",
+        "--port",
+        str(port),
+        "--redis-url",
+        redis_url,
+        *extra,
+    ]
+
+
 def self_signed_cert(work: Path) -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1 (its own CA) and its key, made by openssl."""
     cert, key = work / "cert.pem", work / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return cert, key
 
 
@@ -129,15 +184,24 @@ class RedisServer:
     a restart. AOF with fsync on every write, so a SIGKILL loses nothing. With `tls` (a PEM
     certificate that is its own CA, and its key) it serves only TLS, and the URLs are rediss://."""
 
-    def __init__(self, work: Path, secrets: TestSecrets | None = None, prefix: str = "mk:",
-                 tls: tuple[Path, Path] | None = None):
+    def __init__(
+        self,
+        work: Path,
+        secrets: TestSecrets | None = None,
+        prefix: str = "mk:",
+        tls: tuple[Path, Path] | None = None,
+    ):
         self.work, self.port, self.prefix, self.tls = work, free_port(), prefix, tls
         self.secrets = secrets or TestSecrets.create(work / "secrets")
-        self.anonymous_url = (f"rediss://127.0.0.1:{self.port}/0?ssl_ca_certs={tls[0]}" if tls
-                              else f"redis://127.0.0.1:{self.port}/0")
+        self.anonymous_url = (
+            f"rediss://127.0.0.1:{self.port}/0?ssl_ca_certs={tls[0]}"
+            if tls
+            else f"redis://127.0.0.1:{self.port}/0"
+        )
         self.url = with_credentials(self.anonymous_url, "admin", self.secrets.redis_admin_password)
-        self.controller_url = with_credentials(self.anonymous_url, "controller",
-                                               self.secrets.redis_controller_password)
+        self.controller_url = with_credentials(
+            self.anonymous_url, "controller", self.secrets.redis_controller_password
+        )
         self.proc: Proc | None = None
 
     def start(self) -> None:
@@ -145,16 +209,50 @@ class RedisServer:
         users = self.work / "users.acl"
         self.work.mkdir(parents=True, exist_ok=True)
         if not users.exists():  # a restart keeps the agent users saved since
-            users.write_text(acl_file(self.prefix, self.secrets.redis_admin_password,
-                                      self.secrets.redis_controller_password))
+            users.write_text(
+                acl_file(
+                    self.prefix,
+                    self.secrets.redis_admin_password,
+                    self.secrets.redis_controller_password,
+                )
+            )
         ports = ["--port", str(self.port)]
         if self.tls:
             cert, key = self.tls
-            ports = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(cert),
-                     "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no"]
-        self.proc = Proc("redis", [exe, *ports, "--bind", "127.0.0.1",
-                                   "--dir", str(self.work), "--save", "", "--appendonly", "yes",
-                                   "--appendfsync", "always", "--aclfile", str(users)], self.work)
+            ports = [
+                "--port",
+                "0",
+                "--tls-port",
+                str(self.port),
+                "--tls-cert-file",
+                str(cert),
+                "--tls-key-file",
+                str(key),
+                "--tls-ca-cert-file",
+                str(cert),
+                "--tls-auth-clients",
+                "no",
+            ]
+        self.proc = Proc(
+            "redis",
+            [
+                exe,
+                *ports,
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.work),
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--aclfile",
+                str(users),
+            ],
+            self.work,
+        )
         store = Store(self.url)
         try:
             wait_for_redis(store, 20)
@@ -165,27 +263,60 @@ class RedisServer:
         self.proc.kill(signal.SIGKILL)
 
 
-def agent_argv(controller_url: str, secrets: TestSecrets, wid: str, work: Path,
-               metrics_port: int = 0) -> list[str]:
+def agent_argv(
+    controller_url: str, secrets: TestSecrets, wid: str, work: Path, metrics_port: int = 0
+) -> list[str]:
     """An agent's command line: it joins `controller_url` with the join token (read from a
-    0600 file, as deployed), runs under `work`/workers/`wid` and checkpoints to `work`/checkpoints."""
-    return [sys.executable, "-m", "worker", "--controller", controller_url,
-            "--join-token-file", str(secrets.join_token_file),
-            "--id", wid, "--address", "127.0.0.1", "--metrics-port", str(metrics_port),
-            "--run-dir", str(work / "workers" / wid), "--checkpoint-root", str(work / "checkpoints")]
+    0600 file, as deployed), runs under `work`/workers/`wid` and checkpoints to
+    `work`/checkpoints."""
+    return [
+        sys.executable,
+        "-m",
+        "worker",
+        "--controller",
+        controller_url,
+        "--join-token-file",
+        str(secrets.join_token_file),
+        "--id",
+        wid,
+        "--address",
+        "127.0.0.1",
+        "--metrics-port",
+        str(metrics_port),
+        "--run-dir",
+        str(work / "workers" / wid),
+        "--checkpoint-root",
+        str(work / "checkpoints"),
+    ]
 
 
 class Controller:
     """A controller process with auth on (its auth file from `secrets`), as deployed."""
 
-    def __init__(self, redis_url: str, log_dir: Path, name: str, secrets: TestSecrets,
-                 extra: list[str] = ()):
+    def __init__(
+        self, redis_url: str, log_dir: Path, name: str, secrets: TestSecrets, extra: list[str] = ()
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.secrets = secrets
-        self.proc = Proc(name, [sys.executable, "-m", "controller", "--port", str(self.port),
-                                "--redis-url", redis_url, "--log-level", "info",
-                                "--auth-file", str(secrets.auth_file), *extra], log_dir)
+        self.proc = Proc(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "controller",
+                "--port",
+                str(self.port),
+                "--redis-url",
+                redis_url,
+                "--log-level",
+                "info",
+                "--auth-file",
+                str(secrets.auth_file),
+                *extra,
+            ],
+            log_dir,
+        )
         with Client(self.url, timeout=2) as c:
             wait_until(lambda: c.ready() or not self.proc.alive(), 30, f"{name} to answer /readyz")
         assert self.proc.alive(), self.proc.tail()
@@ -207,7 +338,9 @@ class ApiStack:
         self.redis = RedisServer(work / "redis", self.secrets)
         self.redis.work.mkdir(parents=True)
         self.redis.start()
-        self.controller = Controller(self.redis.controller_url, work / "logs", "controller", self.secrets)
+        self.controller = Controller(
+            self.redis.controller_url, work / "logs", "controller", self.secrets
+        )
         self.url = self.controller.url
 
     def close(self) -> None:
@@ -225,12 +358,17 @@ class Stack:
         self.store = Store(self.redis.url)
         self.controllers: list[Controller] = []
         self.controller = self.start_controller()
+        self.metrics_ports: dict[str, int] = {}  # worker id -> its agent's Prometheus port
         self.agents = {f"w{i}": self._agent(f"w{i}") for i in range(WORKERS)}
         self.client = self.controller.client()
 
     def start_controller(self) -> Controller:
-        c = Controller(self.redis.controller_url, self.work / "logs", f"controller-{len(self.controllers)}",
-                       self.secrets)
+        c = Controller(
+            self.redis.controller_url,
+            self.work / "logs",
+            f"controller-{len(self.controllers)}",
+            self.secrets,
+        )
         self.controllers.append(c)
         return c
 
@@ -241,11 +379,18 @@ class Stack:
         self.client = c.client()
 
     def _agent(self, wid: str, redis_url: str | None = None) -> Proc:
-        """An agent process, joined through the controller with the join token; `redis_url`
-        reaches Redis another way (through a fault proxy): only its address is used."""
-        via = ["--redis-address", urlsplit(redis_url).netloc.rpartition("@")[2]] if redis_url else []
-        return Proc(f"agent-{wid}", [*agent_argv(self.controller.url, self.secrets, wid, self.work), *via],
-                    self.work / "logs")
+        """An agent process, joined through the controller with the join token, serving its
+        metrics on a fresh free port; `redis_url` reaches Redis another way (through a fault
+        proxy): only its address is used."""
+        via = (
+            ["--redis-address", urlsplit(redis_url).netloc.rpartition("@")[2]] if redis_url else []
+        )
+        port = self.metrics_ports[wid] = free_port()
+        return Proc(
+            f"agent-{wid}",
+            [*agent_argv(self.controller.url, self.secrets, wid, self.work, port), *via],
+            self.work / "logs",
+        )
 
     def restart_agent(self, wid: str, redis_url: str | None = None) -> Proc:
         """A new agent process with the same worker id (a returning host)."""
@@ -266,8 +411,9 @@ class Stack:
     def idle_workers(self) -> list[str]:
         return [w.id for w in self.client.workers() if w.alive and w.state == "idle" and not w.job]
 
-    def healthy(self) -> None:
-        """Every part up and every worker idle (restarting what a failed test left broken)."""
+    def idle(self) -> None:
+        """Every part up, no open job and every worker idle (restarting what a test left
+        broken, cancelling what it left running)."""
         if not self.redis.proc.alive():
             self.redis.start()
         if not self.controller.proc.alive():
@@ -279,6 +425,18 @@ class Stack:
             if j.phase in ("Pending", "Running", "Recovering"):
                 self.client.cancel(j.id)
         wait_until(lambda: len(self.idle_workers()) == WORKERS, 90, f"all {WORKERS} workers idle")
+
+    def scrape(self, wid: str) -> str:
+        """The agent's /metrics, as Prometheus scrapes it."""
+        return httpx.get(f"http://127.0.0.1:{self.metrics_ports[wid]}/metrics", timeout=5).text
+
+    def scrape_controller(self) -> str:
+        """The controller's /metrics with the scrape token, as Prometheus scrapes it."""
+        return httpx.get(
+            f"{self.controller.url}/metrics",
+            timeout=5,
+            headers={"Authorization": f"Bearer {self.secrets.scrape_token}"},
+        ).text
 
     def job_dir(self, wid: str, job: str, generation: int = 1) -> Path:
         return self.work / "workers" / wid / "jobs" / job / f"g{generation}"
@@ -296,17 +454,24 @@ class Stack:
 
 def tiny_spec(name: str, **sections: dict) -> dict:
     """A tiny-preset job (4 layers, d_model 64): seconds per run on 2 CPU cores."""
-    spec = {"name": name, "model": {"preset": "tiny"}, "data": {"source": "synthetic", "seed": 7},
-            "parallel": {"dp": 2},
-            "train": {"steps": 12, "global_batch": 16, "lr": 3e-3, "warmup_steps": 2}}
+    spec = {
+        "name": name,
+        "model": {"preset": "tiny"},
+        "data": {"source": "synthetic", "seed": 7},
+        "parallel": {"dp": 2},
+        "train": {"steps": 12, "global_batch": 16, "lr": 3e-3, "warmup_steps": 2},
+    }
     for k, v in sections.items():
         spec[k] = {**spec.get(k, {}), **v}
     return spec
 
 
 def wait_phase(client: Client, job: str, phases: tuple[str, ...], timeout: float):
-    return wait_until(lambda: (j := client.job(job)).phase in phases and j, timeout,
-                      f"job {job} to reach {phases}")
+    return wait_until(
+        lambda: (j := client.job(job)).phase in phases and j,
+        timeout,
+        f"job {job} to reach {phases}",
+    )
 
 
 def process_groups_alive(pids: list[int]) -> list[int]:

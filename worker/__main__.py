@@ -18,17 +18,20 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+import psutil
 import redis
 
-from services.store import WORKER_ID_RE, Backoff, Store, wait_for_redis
+from services.store import WORKER_ID_RE, Store, wait_for_redis
 from services.tokens import TokenError, read_token
-from worker.agent import Agent, AgentConfig, default_address
-from worker.metrics import AgentMetrics
+from worker.agent.agent import Agent, AgentConfig, default_address
+from worker.agent.metrics_endpoint import AgentMetrics
+from worker.agent.retry import Outage
 
 log = logging.getLogger("meshkeeper.agent")
 
@@ -51,52 +54,102 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     env = os.environ.get
     ap = argparse.ArgumentParser(prog="python -m worker", description="meshkeeper worker agent")
     src = ap.add_mutually_exclusive_group()
-    src.add_argument("--controller", default=env("MESHKEEPER_CONTROLLER"),
-                     help="controller URL; the agent joins there with the join token")
-    src.add_argument("--insecure-direct-redis", metavar="URL",
-                     help="register straight into Redis at URL, without joining (trusted "
-                          "machines only: anyone who can write that Redis can become a worker)")
-    ap.add_argument("--join-token-file", type=Path,
-                    help="file holding the join token (or env MESHKEEPER_JOIN_TOKEN, "
-                         "MESHKEEPER_JOIN_TOKEN_FILE; `meshkeeper up` writes secrets/join-token)")
-    ap.add_argument("--redis-address", metavar="HOST:PORT", default=env("MESHKEEPER_REDIS_ADDRESS"),
-                    help="reach Redis here instead of where the controller says (a tunnel or proxy)")
-    ap.add_argument("--ca-file", default=env("MESHKEEPER_CA_FILE"),
-                    help="CA certificate (PEM) that signed the controller's HTTPS certificate")
-    ap.add_argument("--prefix", default=env("MESHKEEPER_PREFIX", "mk:"),
-                    help="Redis key prefix (--insecure-direct-redis only; a join is told it)")
-    ap.add_argument("--id", default=env("MESHKEEPER_WORKER_ID"),
-                    help="worker id (default: hostname plus a random suffix)")
-    ap.add_argument("--host-name", default=env("MESHKEEPER_HOST_NAME", socket.gethostname()),
-                    help="the host this worker runs on; TP groups stay on one host")
-    ap.add_argument("--address", default=env("MESHKEEPER_ADDRESS") or default_address(),
-                    help="address other workers reach this one at (rendezvous)")
+    src.add_argument(
+        "--controller",
+        default=env("MESHKEEPER_CONTROLLER"),
+        help="controller URL; the agent joins there with the join token",
+    )
+    src.add_argument(
+        "--insecure-direct-redis",
+        metavar="URL",
+        help="register straight into Redis at URL, without joining (trusted "
+        "machines only: anyone who can write that Redis can become a worker)",
+    )
+    ap.add_argument(
+        "--join-token-file",
+        type=Path,
+        help="file holding the join token (or env MESHKEEPER_JOIN_TOKEN, "
+        "MESHKEEPER_JOIN_TOKEN_FILE; `meshkeeper up` writes secrets/join-token)",
+    )
+    ap.add_argument(
+        "--redis-address",
+        metavar="HOST:PORT",
+        default=env("MESHKEEPER_REDIS_ADDRESS"),
+        help="reach Redis here instead of where the controller says (a tunnel or proxy)",
+    )
+    ap.add_argument(
+        "--ca-file",
+        default=env("MESHKEEPER_CA_FILE"),
+        help="CA certificate (PEM) that signed the controller's HTTPS certificate",
+    )
+    ap.add_argument(
+        "--prefix",
+        default=env("MESHKEEPER_PREFIX", "mk:"),
+        help="Redis key prefix (--insecure-direct-redis only; a join is told it)",
+    )
+    ap.add_argument(
+        "--id",
+        default=env("MESHKEEPER_WORKER_ID"),
+        help="worker id (default: hostname plus a random suffix)",
+    )
+    ap.add_argument(
+        "--host-name",
+        default=env("MESHKEEPER_HOST_NAME", socket.gethostname()),
+        help="the host this worker runs on; TP groups stay on one host",
+    )
+    ap.add_argument(
+        "--address",
+        default=env("MESHKEEPER_ADDRESS") or default_address(),
+        help="address other workers reach this one at (rendezvous)",
+    )
     ap.add_argument("--label", type=_label, action="append", default=[], help="KEY=VALUE")
     ap.add_argument("--devices", type=int, default=_gpus(), help="ranks this worker can run")
-    ap.add_argument("--warm", type=int, default=None, help="warm trainer processes (default: devices)")
-    ap.add_argument("--run-dir", type=Path, default=Path(env("MESHKEEPER_RUN_DIR", ".meshkeeper")),
-                    help="logs, specs and metrics files of this worker's trainers")
+    ap.add_argument(
+        "--warm", type=int, default=None, help="warm trainer processes (default: devices)"
+    )
+    ap.add_argument(
+        "--run-dir",
+        type=Path,
+        default=Path(env("MESHKEEPER_RUN_DIR", ".meshkeeper")),
+        help="logs, specs and metrics files of this worker's trainers",
+    )
     ap.add_argument("--checkpoint-root", type=Path, default=env("MESHKEEPER_CHECKPOINT_ROOT"))
-    ap.add_argument("--data-root", type=Path, action="append",
-                    default=[Path(d) for d in env("MESHKEEPER_DATA_ROOTS", "").split(os.pathsep) if d],
-                    help="a directory jobs may read text:/tokens: data from; repeatable (env "
-                         "MESHKEEPER_DATA_ROOTS, ':'-separated). None: synthetic data only")
+    ap.add_argument(
+        "--data-root",
+        type=Path,
+        action="append",
+        default=[Path(d) for d in env("MESHKEEPER_DATA_ROOTS", "").split(os.pathsep) if d],
+        help="a directory jobs may read text:/tokens: data from; repeatable (env "
+        "MESHKEEPER_DATA_ROOTS, ':'-separated). None: synthetic data only",
+    )
     ap.add_argument("--heartbeat", type=float, default=0.5, help="seconds between heartbeats")
     ap.add_argument("--stop-grace", type=float, default=3.0, help="SIGTERM -> SIGKILL, seconds")
-    ap.add_argument("--metrics-port", type=int, default=int(env("MESHKEEPER_METRICS_PORT", "9400")),
-                    help="Prometheus endpoint port (0: none)")
+    ap.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(env("MESHKEEPER_METRICS_PORT", "9400")),
+        help="Prometheus endpoint port (0: none)",
+    )
     ap.add_argument("--metrics-host", default=env("MESHKEEPER_METRICS_HOST", "127.0.0.1"))
-    ap.add_argument("--peak-flops", type=float, default=float(env("MESHKEEPER_PEAK_FLOPS", "0")),
-                    help="peak FLOP/s of one rank's device, for the MFU metric (default: a CPU "
-                         "estimate, 1e11 per core; set it on GPU nodes, e.g. 9.89e14 for H100 bf16)")
+    ap.add_argument(
+        "--peak-flops",
+        type=float,
+        default=float(env("MESHKEEPER_PEAK_FLOPS", "0")),
+        help="peak FLOP/s of one rank's device, for the MFU metric (default: a CPU "
+        "estimate, 1e11 per core; set it on GPU nodes, e.g. 9.89e14 for H100 bf16)",
+    )
     ap.add_argument("--log-level", default=env("MESHKEEPER_LOG_LEVEL", "info"))
     args = ap.parse_args(argv)
     if not (args.insecure_direct_redis or args.controller):
-        ap.error("give --controller URL (env MESHKEEPER_CONTROLLER) and the join token "
-                 "(--join-token-file F, env MESHKEEPER_JOIN_TOKEN or MESHKEEPER_JOIN_TOKEN_FILE)")
+        ap.error(
+            "give --controller URL (env MESHKEEPER_CONTROLLER) and the join token "
+            "(--join-token-file F, env MESHKEEPER_JOIN_TOKEN or MESHKEEPER_JOIN_TOKEN_FILE)"
+        )
     if args.id and not WORKER_ID_RE.match(args.id):
-        ap.error(f"--id {args.id!r}: use letters, digits, '.', '_' and '-' (at most 64, first a "
-                 "letter or digit)")
+        ap.error(
+            f"--id {args.id!r}: use letters, digits, '.', '_' and '-' (at most 64, first a "
+            "letter or digit)"
+        )
     if args.redis_address and not _host_port(args.redis_address):
         ap.error(f"--redis-address {args.redis_address!r}: use HOST:PORT, like 10.0.0.5:6380")
     if args.devices < 1 or (args.warm is not None and args.warm < 0):
@@ -111,15 +164,22 @@ def _host_port(text: str) -> bool:
 
 def join_token(args: argparse.Namespace) -> str:
     try:
-        token = (args.join_token_file.read_text().strip() if args.join_token_file
-                 else read_token(var="MESHKEEPER_JOIN_TOKEN"))
+        token = (
+            args.join_token_file.read_text().strip()
+            if args.join_token_file
+            else read_token(var="MESHKEEPER_JOIN_TOKEN")
+        )
     except OSError as e:
-        raise SystemExit(f"agent: cannot read --join-token-file {args.join_token_file}: {e.strerror}")
+        raise SystemExit(
+            f"agent: cannot read --join-token-file {args.join_token_file}: {e.strerror}"
+        ) from None
     except TokenError as e:
-        raise SystemExit(f"agent: {e}")
+        raise SystemExit(f"agent: {e}") from None
     if not token:
-        raise SystemExit("agent: no join token: pass --join-token-file F or set MESHKEEPER_JOIN_TOKEN "
-                         "(or MESHKEEPER_JOIN_TOKEN_FILE); `meshkeeper up` writes {run-dir}/secrets/join-token")
+        raise SystemExit(
+            "agent: no join token: pass --join-token-file F or set MESHKEEPER_JOIN_TOKEN "
+            "(or MESHKEEPER_JOIN_TOKEN_FILE); `meshkeeper up` writes {run-dir}/secrets/join-token"
+        )
     return token
 
 
@@ -127,45 +187,74 @@ def device_memory(devices: int) -> tuple[str, int]:
     """("cuda", the smallest GPU's memory) on an NVIDIA host, else ("cpu", host RAM per device)."""
     if os.path.isdir("/proc/driver/nvidia/gpus"):
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, timeout=10, check=True).stdout
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            ).stdout
             return "cuda", min(int(x) for x in out.split()) << 20  # MiB
         except (OSError, subprocess.SubprocessError, ValueError):
             log.warning("cannot read GPU memory with nvidia-smi; reporting 0 bytes")
             return "cuda", 0
-    return "cpu", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // devices
+    return "cpu", psutil.virtual_memory().total // devices
 
 
-def join(args: argparse.Namespace, cfg: AgentConfig, stop: list[bool]) -> tuple[str, str]:
+class JoinNotAnswered(Exception):
+    """The controller answered the join with something a retry may fix (a 5xx, a 429)."""
+
+
+def join(args: argparse.Namespace, cfg: AgentConfig, stop: threading.Event) -> tuple[str, str]:
     """Join through the controller, retrying while it cannot answer; (redis_url, prefix).
     A refused join token or description exits: retrying cannot fix configuration."""
     token, (kind, memory) = join_token(args), device_memory(cfg.devices)
-    body = {"id": cfg.wid, "host": cfg.host, "address": cfg.address, "devices": cfg.devices,
-            "labels": cfg.labels, "memory_bytes": memory, "device_kind": kind, "pid": os.getpid(),
-            "run_dir": str(cfg.run_dir)}
-    url, backoff = args.controller.rstrip("/") + "/v1/agents/join", Backoff(cap=5.0)
+    body = {
+        "id": cfg.wid,
+        "host": cfg.host,
+        "address": cfg.address,
+        "devices": cfg.devices,
+        "labels": cfg.labels,
+        "memory_bytes": memory,
+        "device_kind": kind,
+        "pid": os.getpid(),
+        "run_dir": str(cfg.run_dir),
+    }
+    url = args.controller.rstrip("/") + "/v1/agents/join"
     try:
         verify = ssl.create_default_context(cafile=args.ca_file) if args.ca_file else True
     except (OSError, ssl.SSLError) as e:
-        raise SystemExit(f"agent: --ca-file {args.ca_file}: cannot load it as a PEM CA certificate ({e})")
-    while not stop:
-        try:
-            r = httpx.post(url, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=10.0,
-                           verify=verify)
-        except httpx.HTTPError as e:
-            log.warning("controller %s not answering (%s); retrying", args.controller, e)
-            time.sleep(backoff.next())
-            continue
+        raise SystemExit(
+            f"agent: --ca-file {args.ca_file}: cannot load it as a PEM CA certificate ({e})"
+        ) from None
+
+    def attempt() -> dict:
+        r = httpx.post(
+            url,
+            json=body,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10.0,
+            verify=verify,
+        )
         if r.status_code in (401, 403, 422):
-            raise SystemExit(f"agent: the controller refused the join ({r.status_code}): {_detail(r)}")
+            raise SystemExit(
+                f"agent: the controller refused the join ({r.status_code}): {_detail(r)}"
+            )
         if r.status_code != 200:
-            log.warning("join answered %d (%s); retrying", r.status_code, _detail(r))
-            time.sleep(backoff.next())
-            continue
-        answer = r.json()
-        log.info("joined %s as worker %s", args.controller, cfg.wid)
-        return _via(answer["redis_url"], args.redis_address), answer["prefix"]
-    raise SystemExit(0)
+            raise JoinNotAnswered(f"it answered {r.status_code}: {_detail(r)}")
+        return r.json()
+
+    answer = Outage(
+        (httpx.HTTPError, JoinNotAnswered),
+        5.0,
+        stop,
+        down=f"cannot join through the controller {args.controller} (%s); retrying",
+        back=f"the controller {args.controller} answers again",
+    ).call(attempt)
+    if answer is None:  # stopped before it answered
+        raise SystemExit(0)
+    log.info("joined %s as worker %s", args.controller, cfg.wid)
+    return _via(answer["redis_url"], args.redis_address), answer["prefix"]
 
 
 def _detail(r: httpx.Response) -> str:
@@ -181,57 +270,83 @@ def _via(url: str, address: str | None) -> str:
         return url
     u = urlsplit(url)
     creds = u.netloc.rpartition("@")[0]
-    return urlunsplit((u.scheme, f"{creds}@{address}" if creds else address, u.path, u.query, u.fragment))
+    return urlunsplit(
+        (u.scheme, f"{creds}@{address}" if creds else address, u.path, u.query, u.fragment)
+    )
 
 
 def register_directly(store: Store, cfg: AgentConfig) -> None:
     """--insecure-direct-redis: the agent writes its own registration, `joined_at` included."""
     kind, memory = device_memory(cfg.devices)
-    store.register_worker(cfg.wid, {
-        "host": cfg.host, "address": cfg.address, "labels": {"host": cfg.host, **cfg.labels},
-        "devices": cfg.devices, "memory_bytes": memory, "device_kind": kind, "pid": os.getpid(),
-        "state": "idle", "run_dir": str(cfg.run_dir), "started_at": time.time(), "joined_at": store.now()})
+    store.register_worker(
+        cfg.wid,
+        {
+            "host": cfg.host,
+            "address": cfg.address,
+            "labels": {"host": cfg.host, **cfg.labels},
+            "devices": cfg.devices,
+            "memory_bytes": memory,
+            "device_kind": kind,
+            "pid": os.getpid(),
+            "state": "idle",
+            "run_dir": str(cfg.run_dir),
+            "started_at": time.time(),
+            "joined_at": store.now(),
+        },
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    stopping: list[bool] = []
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    stopping = threading.Event()
     agent: list[Agent] = []
 
     def on_signal(signum, _frame):
-        stopping.append(True)
+        stopping.set()
         if agent:
             agent[0].stop()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     wid = args.id or f"{args.host_name}-{secrets.token_hex(2)}"
-    cfg = AgentConfig(wid=wid, host=args.host_name, address=args.address, labels=dict(args.label),
-                      run_dir=args.run_dir.resolve(), devices=args.devices,
-                      warm=args.devices if args.warm is None else args.warm,
-                      heartbeat_s=args.heartbeat, stop_grace_s=args.stop_grace,
-                      checkpoint_root=args.checkpoint_root.resolve() if args.checkpoint_root else None,
-                      data_roots=tuple(args.data_root))
+    cfg = AgentConfig(
+        wid=wid,
+        host=args.host_name,
+        address=args.address,
+        labels=dict(args.label),
+        run_dir=args.run_dir.resolve(),
+        devices=args.devices,
+        warm=args.devices if args.warm is None else args.warm,
+        heartbeat_s=args.heartbeat,
+        stop_grace_s=args.stop_grace,
+        checkpoint_root=args.checkpoint_root.resolve() if args.checkpoint_root else None,
+        data_roots=tuple(args.data_root),
+    )
     if args.controller:
         redis_url, prefix = join(args, cfg, stopping)
         store = Store(redis_url, prefix)
     else:
-        log.warning("--insecure-direct-redis: registering without a join; anyone who can write "
-                    "this Redis can become a worker (docs/security.md)")
+        log.warning(
+            "--insecure-direct-redis: registering without a join; anyone who can write "
+            "this Redis can become a worker (docs/security.md)"
+        )
         store = Store(_via(args.insecure_direct_redis, args.redis_address), args.prefix)
         try:
             wait_for_redis(store, 60)
             register_directly(store, cfg)
         except redis.RedisError as e:
-            raise SystemExit(f"agent: cannot register in Redis at --insecure-direct-redis: {e}")
+            raise SystemExit(
+                f"agent: cannot register in Redis at --insecure-direct-redis: {e}"
+            ) from None
     metrics = AgentMetrics(args.peak_flops or None, cfg.devices)
     agent.append(Agent(cfg, store, metrics))
-    metrics.watch(agent[0])
+    metrics.watch(agent[0].snapshot)
     if args.metrics_port:
-        metrics.serve(args.metrics_host, args.metrics_port)
-    if stopping:
+        metrics.serve(args.metrics_host, args.metrics_port, store, cfg.wid, cfg.address)
+    if stopping.is_set():
         return 0
     agent[0].run_forever()
     return 0

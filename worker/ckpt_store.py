@@ -4,14 +4,15 @@
     {root}/{job}/g{G:06d}/step-{N:08d}/manifest.json    its commit marker, written last, atomically
     {root}/{job}/committed.json                         standalone runs only: the pointer history
 
-Fencing on disk (docs/fault-tolerance.md, "Fencing"):
+Fencing on disk (docs/architecture.md, "Generation and fencing"):
 - a generation writes only inside its own `g{G}` directory, so a superseded world (cut off
   from Redis, or frozen and resumed) can never overwrite what a newer generation restores;
 - a directory is a checkpoint only when a committed pointer names it and its manifest
   verifies against that pointer (job, generation, step, checksums). Nothing here scans the
   disk for "the newest": a forged or stale `step-*` directory is never read;
 - only entries that fell out of the pointer history are ever deleted, and only by whoever
-  just moved the pointer (the controller-side CAS under an agent, rank 0 standalone).
+  just moved the pointer (rank 0's agent after its CHECKPOINT_CAS under a controller, rank 0
+  itself standalone).
 
 Under a controller the pointer history lives in Redis (`job:{id}:checkpoint`, moved only by
 the generation CAS) and the agent hands it to the trainer; standalone (torchrun, no Redis)
@@ -45,7 +46,7 @@ class Pointer:
     path: str
 
     @classmethod
-    def from_json(cls, d: dict) -> "Pointer":
+    def from_json(cls, d: dict) -> Pointer:
         return cls(int(d["step"]), int(d["generation"]), str(d["path"]))
 
 
@@ -93,7 +94,11 @@ def remove_checkpoints(job_dir: Path, ptrs: list[Pointer]) -> None:
     job_dir = Path(job_dir).resolve()
     for ptr in ptrs:
         d = Path(ptr.path).resolve()
-        if d.parent.parent == job_dir and d.parent.name.startswith("g") and d.name.startswith("step-"):
+        if (
+            d.parent.parent == job_dir
+            and d.parent.name.startswith("g")
+            and d.name.startswith("step-")
+        ):
             shutil.rmtree(d, ignore_errors=True)
 
 
@@ -103,7 +108,9 @@ class CheckpointStore:
     `writer` names the job that owns them (its controller job id, or the spec name
     standalone); a manifest written by anyone else never verifies."""
 
-    def __init__(self, root: str | Path, job: str, *, generation: int = 0, writer: str | None = None):
+    def __init__(
+        self, root: str | Path, job: str, *, generation: int = 0, writer: str | None = None
+    ):
         self.dir = Path(root) / job
         self.generation = generation
         self.writer = writer or job
@@ -118,9 +125,18 @@ class CheckpointStore:
     def commit(self, step: int, meta: dict) -> Path:
         """Write the manifest (with every file's checksum) last and atomically."""
         d = self.step_dir(step)
-        files = {str(p.relative_to(d)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in _files(d)}
-        manifest = {**meta, "writer": self.writer, "generation": self.generation, "step": step,
-                    "committed_at": time.time(), "files": files}
+        files = {
+            str(p.relative_to(d)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+            for p in _files(d)
+        }
+        manifest = {
+            **meta,
+            "writer": self.writer,
+            "generation": self.generation,
+            "step": step,
+            "committed_at": time.time(),
+            "files": files,
+        }
         _write_atomically(d / MANIFEST, manifest)
         return d
 
@@ -131,14 +147,18 @@ class CheckpointStore:
         try:
             manifest = json.loads((d / MANIFEST).read_text())
         except FileNotFoundError:
-            raise DamagedCheckpoint(f"{where}: no commit marker (partial or interrupted save)") from None
+            raise DamagedCheckpoint(
+                f"{where}: no commit marker (partial or interrupted save)"
+            ) from None
         except (OSError, ValueError) as e:
             raise DamagedCheckpoint(f"{where}: unreadable manifest: {e}") from None
         claims = (manifest.get("writer"), manifest.get("generation"), manifest.get("step"))
         if claims != (self.writer, ptr.generation, ptr.step):
             raise DamagedCheckpoint(
-                f"{where}: manifest says job {claims[0]!r} generation {claims[1]} step {claims[2]}, "
-                f"the pointer says job {self.writer!r} generation {ptr.generation} step {ptr.step}")
+                f"{where}: manifest says job {claims[0]!r} generation {claims[1]} "
+                f"step {claims[2]}, the pointer says job {self.writer!r} "
+                f"generation {ptr.generation} step {ptr.step}"
+            )
         for name, want in manifest.get("files", {}).items():
             p = d / name
             if not p.is_file():

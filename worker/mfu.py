@@ -1,9 +1,10 @@
 """Model FLOPs utilisation, computed in the agent without importing torch.
 
-`worker.model.flops_per_token` counts parameters on a meta-device model, which needs torch;
-the agent must not import it (DESIGN.md section 2: ~4 s and hundreds of MB per agent). The
-count below follows the same architecture analytically, and tests/observability checks it
-equals `worker.model.flops_per_token` for every preset, so the two cannot drift apart.
+`worker.trainer.model.flops_per_token` counts parameters on a meta-device model, which needs
+torch; the agent must not import it (~4 s and hundreds of MB per agent; docs/architecture.md,
+"Parts"). The count below follows the same architecture analytically, and tests/observability
+checks it equals `worker.trainer.model.flops_per_token` for every preset, so the two cannot
+drift apart.
 """
 
 from __future__ import annotations

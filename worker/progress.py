@@ -2,8 +2,9 @@
 
 When a synchronous job hangs, every rank's step is frozen, so step progress alone cannot say
 which rank the others wait for. These two counters can: the ranks waiting inside a collective
-have entered one more than the rank they wait on (DESIGN.md section 7, "rank hangs, others
-wait on it"). Each step has the same phases on every rank, whatever the layout:
+have entered one more than the rank they wait on (docs/architecture.md, "Failure handling":
+a rank hangs while its worker beats). Each step has the same phases on every rank, whatever
+the layout:
     1. forward/backward (FSDP all-gathers and reduce-scatters, TP and pipeline comms)
     2. the global gradient-norm all-reduce
     3. the loss all-reduce
@@ -84,8 +85,10 @@ class Collectives:
         spins here: a rank stuck in a pure-Python busy loop (state R) that never enters its next
         collective, as a data loader caught in an endless loop would."""
         if self._spin_requested:
-            print(f"[meshkeeper] chaos: SIGUSR2 received; spinning after collective {self.left}",
-                  flush=True)
+            print(
+                f"[meshkeeper] chaos: SIGUSR2 received; spinning after collective {self.left}",
+                flush=True,
+            )
             while True:
                 pass
 

@@ -15,7 +15,7 @@ only what it needs, owned by its uid and readable by nobody else:
                 volume: `default` off, admin and controller rewritten from the secrets, the
                 agent users the controller saved (ACL SAVE) kept
 
-    python compose-secrets.py [ROOT]   (ROOT defaults to /secrets, where the compose file mounts them)
+    python compose-secrets.py [ROOT]   (ROOT: default /secrets, where the compose file mounts them)
 """
 
 from __future__ import annotations
@@ -50,8 +50,10 @@ def values(store: Path, env: dict[str, str]) -> dict[str, str]:
     for name, var in GIVEN_BY.items():
         given, kept = env.get(var, "").strip(), store / name
         if given and not TOKEN_RE.match(given):
-            sys.exit(f"{var}: use at least 16 printable characters without spaces, "
-                     "or leave it unset and one is generated")
+            sys.exit(
+                f"{var}: use at least 16 printable characters without spaces, "
+                "or leave it unset and one is generated"
+            )
         value = given or (kept.read_text().strip() if kept.exists() else "") or new_token()
         write_secret(kept, value)
         out[name] = value
@@ -70,13 +72,16 @@ def hand_out(path: Path, text: str, owner: str) -> None:
 def merge_acl(path: Path, prefix: str, admin: str, controller: str) -> None:
     """The aclfile Redis starts with: the fixed users from the secrets, the saved agents kept."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    agents = [line for line in (path.read_text().splitlines() if path.exists() else [])
-              if line.startswith("user agent-")]
+    agents = [
+        line
+        for line in (path.read_text().splitlines() if path.exists() else [])
+        if line.startswith("user agent-")
+    ]
     tmp = path.with_name(path.name + ".new")
-    tmp.write_text(acl_file(prefix, admin, controller) + "".join(f"{a}\n" for a in agents))
+    # 0600 from its creation on: it holds the passwords of every Redis user
+    write_secret(tmp, (acl_file(prefix, admin, controller) + "\n".join(agents)).rstrip())
     if os.geteuid() == 0:
         os.chown(tmp, UID["redis"], UID["redis"])
-    os.chmod(tmp, 0o600)
     tmp.replace(path)
 
 
@@ -86,20 +91,33 @@ def main(root: Path, env: dict[str, str]) -> None:
     redis = env.get("MESHKEEPER_REDIS_ADDRESS", "redis://redis:6379/0")
     c = root / "controller"
     c.mkdir(parents=True, exist_ok=True)
-    write_auth_file(c / "auth.json", [("admin", "admin", v["api-token"]),
-                                      ("prometheus", "scrape", v["scrape-token"])], v["join-token"])
+    write_auth_file(
+        c / "auth.json",
+        [("admin", "admin", v["api-token"]), ("prometheus", "scrape", v["scrape-token"])],
+        v["join-token"],
+    )
     if os.geteuid() == 0:
         os.chown(c / "auth.json", UID["controller"], UID["controller"])
-    hand_out(c / "redis-url", with_credentials(redis, "controller", v["redis-controller-password"]), "controller")
+    hand_out(
+        c / "redis-url",
+        with_credentials(redis, "controller", v["redis-controller-password"]),
+        "controller",
+    )
     hand_out(c / "api-token", v["api-token"], "controller")
     hand_out(root / "worker" / "join-token", v["join-token"], "worker")
     hand_out(root / "prometheus" / "scrape-token", v["scrape-token"], "prometheus")
     hand_out(root / "grafana" / "grafana-admin-password", v["grafana-admin-password"], "grafana")
     hand_out(root / "redis" / "redis-admin-password", v["redis-admin-password"], "redis")
-    merge_acl(root / "redis-data" / "users.acl", prefix, v["redis-admin-password"],
-              v["redis-controller-password"])
-    print(f"secrets ready in {root} (api-token: docker compose exec controller "
-          "cat /run/secrets/meshkeeper/api-token)")
+    merge_acl(
+        root / "redis-data" / "users.acl",
+        prefix,
+        v["redis-admin-password"],
+        v["redis-controller-password"],
+    )
+    print(
+        f"secrets ready in {root} (api-token: docker compose exec controller "
+        "cat /run/secrets/meshkeeper/api-token)"
+    )
 
 
 if __name__ == "__main__":

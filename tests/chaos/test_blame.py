@@ -22,8 +22,19 @@ import pytest
 from controller.scheduler import Scheduler, SchedulerConfig
 from services.procs import descendants
 from tests import stack as stack_mod
-from tests.chaos.chaos import (Watch, assert_curve, at_step, completed, events, gone, mesh_spec,
-                               metrics_path, rank, succeeded, wait_record)
+from tests.chaos.chaos import (
+    Watch,
+    assert_curve,
+    at_step,
+    completed,
+    events,
+    gone,
+    mesh_spec,
+    metrics_path,
+    start,
+    succeeded,
+    wait_record,
+)
 from tests.stack import tiny_spec, wait_until
 from worker.progress import CHAOS_ENV, counters_path, read_counters
 
@@ -48,7 +59,9 @@ def restart_agent(stack, wid: str, env: dict[str, str]) -> None:
     finally:
         stack_mod.ENV.clear()
         stack_mod.ENV.update(saved)
-    wait_until(lambda: wid in stack.idle_workers() and wid in free_pool(stack), 90, f"{wid} idle again")
+    wait_until(
+        lambda: wid in stack.idle_workers() and wid in free_pool(stack), 90, f"{wid} idle again"
+    )
 
 
 def warm_trainers(stack, wid: str) -> list[int]:
@@ -59,11 +72,16 @@ def warm_trainers(stack, wid: str) -> list[int]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"worker.warm" in cmd:
+        if b"worker.agent.warm" in cmd:
             out.append(pid)
-    logs = (stack.work / "workers" / wid).glob("warm-*.log")
-    ready = sum(p.read_text(errors="replace").count("warm trainer ready") for p in logs)
-    return out if out and ready >= len(out) else []
+    # by pid: a restarted agent appends to the same warm-N.log files, whose earlier "ready"
+    # lines belong to its previous warm trainers (moving a trainer that is still importing
+    # torch into the small group gets it OOM-killed before it ever becomes a rank)
+    logs = "".join(
+        p.read_text(errors="replace") for p in (stack.work / "workers" / wid).glob("warm-*.log")
+    )
+    ready = all(f"warm trainer ready (pid {pid})" in logs for pid in out)
+    return out if out and ready else []
 
 
 def proc_state(pid: int) -> str:
@@ -76,38 +94,58 @@ def test_busy_looping_rank_is_blamed_quarantined_and_probed_back(stack, uninterr
     target = free_pool(stack)[1]  # placement takes the free pool in order: rank 1 lands here
     restart_agent(stack, target, {CHAOS_ENV: "1"})
     try:
-        w = Watch(stack, stack.client.submit(spec).id)
-        j1 = w.until(lambda j: j.mesh.generation == 1 and j.mesh.ranks
-                     and all(r.pid and r.state == "running" for r in j.mesh.ranks), 180,
-                     "every rank of generation 1 to train")
+        w, j1 = start(stack, spec)
         victim = next(r for r in j1.mesh.ranks if r.worker == target)
         peer = next(r for r in j1.mesh.ranks if r.worker != target)
         spare = j1.mesh.spares[0]
-        wait_record(metrics_path(stack, j1, victim.rank), at_step(SPIN_AT), 120,
-                    f"rank {victim.rank} at step {SPIN_AT}")
+        wait_record(
+            metrics_path(stack, j1, victim.rank),
+            at_step(SPIN_AT),
+            120,
+            f"rank {victim.rank} at step {SPIN_AT}",
+        )
         os.kill(victim.pid, signal.SIGUSR2)
         # the fault as injected: the victim spins on a CPU outside any collective, its peer
         # sleeps inside one it entered after the victim's last
         vc = counters_path(metrics_path(stack, j1, victim.rank))
         pc = counters_path(metrics_path(stack, j1, peer.rank))
-        wait_until(lambda: proc_state(victim.pid) == "R" and read_counters(pc)[0] > read_counters(vc)[0]
-                   and read_counters(vc)[0] == read_counters(vc)[1], 30,
-                   "the victim spinning (R) behind its peer's collective count")
-        entered_v, entered_p = read_counters(vc)[0], read_counters(pc)[0]
+        # the same counts one second apart: a rank merely computing between two collectives
+        # also looks like this for an instant (the SIGUSR2 hook fires at its next step)
+        seen: list[tuple] = []
+
+        def spinning() -> bool:
+            now = (read_counters(vc), read_counters(pc))
+            settled = bool(seen) and seen[-1] == now
+            seen.append(now)
+            return (
+                settled
+                and proc_state(victim.pid) == "R"
+                and now[1][0] > now[0][0]
+                and now[0][0] == now[0][1]
+            )
+
+        wait_until(spinning, 30, "the victim spinning (R) behind its peer's collective count", 1.0)
+        entered_v, entered_p = seen[-1][0][0], seen[-1][1][0]
 
         j = w.until(lambda j: j.generation >= 2, 120, "a recovery from the hang")
         rec = j.recoveries[0]
         assert (rec.cause, rec.action) == ("RankHung", "replace"), rec
-        assert [(f["rank"], f["worker"]) for f in rec.faults] == [(victim.rank, target)], rec.faults
-        detail = rec.faults[0]["detail"]
-        assert "the others wait on it" in detail and f"entered {entered_v} collective phases" in detail, detail
+        assert [(f.rank, f.worker) for f in rec.faults] == [(victim.rank, target)], rec.faults
+        detail = rec.faults[0].detail
+        assert (
+            "the others wait on it" in detail and f"entered {entered_v} collective phases" in detail
+        ), detail
         assert f"collective phase {entered_p}" in detail, detail
         assert rec.replaced == [{"old": target, "new": spare}], rec
         # quarantined: recorded in Redis, announced, and out of the scheduler's free pool
         health = stack.store.r.hgetall(f"mk:worker:{target}:health")
-        assert health.get("cause") == "RankHung" and float(health["quarantined_until"]) > rec.fault_at, health
-        assert [q["worker"] for q in rec.quarantined] == [target], rec.quarantined
-        assert any(e.reason == "WorkerQuarantined" and target in e.message for e in events(stack, j.id))
+        assert (
+            health.get("cause") == "RankHung" and float(health["quarantined_until"]) > rec.fault_at
+        ), health
+        assert [q.worker for q in rec.quarantined] == [target], rec.quarantined
+        assert any(
+            e.reason == "WorkerQuarantined" and target in e.message for e in events(stack, j.id)
+        )
         assert target not in free_pool(stack)
         wait_until(lambda: gone(victim.pid), 30, f"the spinning trainer {victim.pid} to be stopped")
 
@@ -160,15 +198,27 @@ LIMIT = 64 * 2**20
 
 
 def test_oom_killed_trainer_fails_the_job_without_spending_a_spare(stack):
-    spec = tiny_spec("blame-oom", model={"preset": None, "layers": 2, "d_model": 256, "heads": 4,
-                                         "vocab": 32768, "seq_len": 32},
-                     parallel={"dp": 2}, train={"steps": 20},
-                     fault_tolerance={"spares": 1, "dead_after_s": 2.0, "hang_after_s": 60})
+    spec = tiny_spec(
+        "blame-oom",
+        model={
+            "preset": None,
+            "layers": 2,
+            "d_model": 256,
+            "heads": 4,
+            "vocab": 32768,
+            "seq_len": 32,
+        },
+        parallel={"dp": 2},
+        train={"steps": 20},
+        fault_tolerance={"spares": 1, "dead_after_s": 2.0, "hang_after_s": 60},
+    )
     # every free worker's warm trainer goes into the group: whichever become ranks are limited
     # (placement order is the scheduler's business, not this test's)
     warm = []
     for wid in free_pool(stack):
-        warm += wait_until(lambda: warm_trainers(stack, wid), 90, f"{wid}'s warm trainer ready")
+        warm += wait_until(
+            lambda wid=wid: warm_trainers(stack, wid), 90, f"{wid}'s warm trainer ready"
+        )
     group, v2 = memory_cgroup(f"mk-oom-{os.getpid()}")
     try:
         (group / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(LIMIT))
@@ -187,7 +237,11 @@ def test_oom_killed_trainer_fails_the_job_without_spending_a_spare(stack):
         assert f"worker {victim.worker}" in msg and "OOM killer" in msg, msg
         assert "peak memory (RSS) " in msg and "unknown" not in msg, msg
         assert f"memory cgroup limit {LIMIT // 2**20} MiB" in msg and "zero 3" in msg, msg
-        assert (j.restarts, j.generation, j.recoveries) == (0, 1, []), (j.restarts, j.generation, j.recoveries)
+        assert (j.restarts, j.generation, j.recoveries) == (0, 1, []), (
+            j.restarts,
+            j.generation,
+            j.recoveries,
+        )
         assert victim.exit_code == -9, victim
         assert not {"RecoveryStarted", "ReplacingRank"} & {e.reason for e in events(stack, j.id)}
         assert j.mesh.spares and not (set(j.mesh.spares) & {r.worker for r in j.mesh.ranks})

@@ -11,17 +11,35 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
-from tests.chaos.chaos import (EVERY, Hogs, assert_curve, at_step, completed, deprioritize,
-                               events, gone, kill, mesh_spec, metrics_path, pin, rank, records,
-                               start, succeeded, wait_record)
+from tests.chaos.chaos import (
+    EVERY,
+    Hogs,
+    assert_curve,
+    at_step,
+    checkpoint_dir,
+    completed,
+    deprioritize,
+    events,
+    gone,
+    kill,
+    mesh_spec,
+    metrics_path,
+    pin,
+    rank,
+    records,
+    start,
+    succeeded,
+    wait_record,
+)
 from tests.stack import WORKERS, process_groups_alive, tiny_spec, wait_until
 
 pytestmark = pytest.mark.slow
 
-KILL_AT = 8  # steps into generation 1 (of 25): past the first commit, well before the end
+KILL_AT = 8  # steps into generation 1 (of 15): past the first commit, before the second
 
 
 def only_recovery(j, cause: str, action: str):
@@ -53,8 +71,8 @@ def test_sigkill_one_trainer(stack, uninterrupted):
     j = w.finish()
     succeeded(stack, j)
     rec = only_recovery(j, "TrainerKilled", "replace")
-    assert [(f["rank"], f["worker"]) for f in rec.faults] == [(1, victim.worker)], rec.faults
-    assert "signal 9" in rec.faults[0]["detail"]
+    assert [(f.rank, f.worker) for f in rec.faults] == [(1, victim.worker)], rec.faults
+    assert "signal 9" in rec.faults[0].detail
     assert rec.replaced == [{"old": victim.worker, "new": spare}]
     assert rec.to_shape == [2, 1, 2]
     completed(rec)
@@ -63,7 +81,7 @@ def test_sigkill_one_trainer(stack, uninterrupted):
     assert victim.worker in j.mesh.spares  # its agent lives: it stays with the job as a spare
     assert {"RecoveryStarted", "Recovered"} <= set(reasons(stack, j.id))
     curve = assert_curve(stack, j, want, exact=True)
-    assert curve[rec.resumed_step]["generation"] == 2
+    assert curve[rec.resumed_step + 1]["generation"] == 2  # the first step after the restore
 
 
 # -- 2 ------------------------------------------------------------------------------------
@@ -77,8 +95,8 @@ def test_sigkill_worker_agent_and_trainers(stack, uninterrupted):
     j = w.finish()
     succeeded(stack, j)
     rec = only_recovery(j, "WorkerDead", "replace")
-    assert victim.worker in {f["worker"] for f in rec.faults}
-    assert {f["cause"] for f in rec.faults} == {"WorkerDead"}, rec.faults
+    assert victim.worker in {f.worker for f in rec.faults}
+    assert {f.cause for f in rec.faults} == {"WorkerDead"}, rec.faults
     assert rec.replaced == [{"old": victim.worker, "new": spare}]
     completed(rec)
     same_coordinates(j1, j, {victim.worker: spare})
@@ -119,7 +137,7 @@ def test_sigstop_hung_rank_is_replaced_and_fenced_after_sigcont(stack, uninterru
         j = w.until(lambda j: j.generation >= 2, 120, "a recovery from the hang")
         rec = j.recoveries[0]
         assert (rec.cause, rec.action) == ("RankHung", "replace"), rec
-        assert [(f["rank"], f["worker"]) for f in rec.faults] == [(3, victim.worker)], rec.faults
+        assert [(f.rank, f.worker) for f in rec.faults] == [(3, victim.worker)], rec.faults
         assert rec.replaced == [{"old": victim.worker, "new": spare}], rec
     finally:
         if not gone(victim.pid):
@@ -138,9 +156,12 @@ def test_sigstop_hung_rank_is_replaced_and_fenced_after_sigcont(stack, uninterru
 def test_sigstopped_worker_is_replaced_and_fenced_after_sigcont(stack, uninterrupted):
     """The whole worker hosting rank 0 freezes (agent and trainer: a partitioned or paused
     node): its heartbeats stop, a spare takes its place. Then it resumes while generation 2
-    trains: its agent finds its assignment withdrawn and stops the old trainer, whose world is
-    gone; nothing it reports or commits counts (generation fencing)."""
+    trains, a generation-1 zombie: its agent finds its assignment withdrawn and its old
+    trainer goes, and it writes to Redis what it saw: progress for generation 1. The new world
+    ignores those writes: generation 2's ranks, the restart count and the checkpoint pointer
+    (which rank 0's agent, the zombie's, used to move) are as if it had never woken up."""
     spec = mesh_spec("chaos-pause")
+    spec["checkpoint"]["keep"] = 20  # every pointer stays in the history checked below
     want = uninterrupted(spec)
     w, j1 = start(stack, spec)
     host, spare = rank(j1, 0), j1.mesh.spares[0]
@@ -150,9 +171,13 @@ def test_sigstopped_worker_is_replaced_and_fenced_after_sigcont(stack, uninterru
     for g in groups:
         os.killpg(g, signal.SIGSTOP)
     try:
-        j = w.until(lambda j: j.recoveries and j.recoveries[0].completed_at, 120,
-                    "generation 2 to train without the paused worker")
+        j = w.until(
+            lambda j: j.recoveries and j.recoveries[0].completed_at,
+            120,
+            "generation 2 to train without the paused worker",
+        )
     finally:
+        resumed_at = time.time()
         for g in groups:
             os.killpg(g, signal.SIGCONT)
     rec = j.recoveries[0]
@@ -160,14 +185,36 @@ def test_sigstopped_worker_is_replaced_and_fenced_after_sigcont(stack, uninterru
     assert rec.replaced == [{"old": host.worker, "new": spare}]
     wait_until(lambda: gone(host.pid), 30, f"the resumed old trainer {host.pid} to be gone")
     assert agent.alive()
+
+    # the zombie wrote: its report of generation 1's ranks, after it resumed ...
+    def zombie_report():
+        p = stack.store.progress([host.worker])[host.worker]
+        return p if p.get("job") == j.id and float(p.get("updated_at") or 0) > resumed_at else None
+
+    report = wait_until(zombie_report, 30, f"{host.worker}'s report after it resumed")
+    assert report["generation"] == "1", report
+    # ... and generation 2 did not take it in: same ranks on the same workers, none stopped
+    now = w.poll()
+    assert (now.generation, now.restarts) == (2, 1), (now.generation, now.restarts)
+    assert {(r.rank, r.worker) for r in now.mesh.ranks} == {
+        (r.rank, r.worker) for r in j.mesh.ranks
+    }
+    assert not [r for r in now.mesh.ranks if r.state in ("failed", "stopped", "lost")], (
+        now.mesh.ranks
+    )
+
     j = w.finish()
     succeeded(stack, j)
     only_recovery(j, "WorkerDead", "replace")
     same_coordinates(j1, j, {host.worker: spare})
     assert host.worker not in {r.worker for r in j.mesh.ranks} | set(j.mesh.spares)
-    # the old worker wrote nothing under a newer generation; the pointer never went back
-    late = [e for e in events(stack, j.id) if e.source == f"agent/{host.worker}" and (e.generation or 0) > 1]
-    assert not late, late
+    # no generation-1 pointer after the freeze: generation 1's newest one is where generation 2
+    # resumed, and every later pointer is generation 2's (the history is newest first)
+    history = stack.store.checkpoint_history(j.id)
+    assert [h["generation"] for h in history] == sorted(
+        (h["generation"] for h in history), reverse=True
+    ), history
+    assert max(h["step"] for h in history if h["generation"] == 1) == rec.resumed_step, history
     assert j.last_checkpoint.generation == j.generation == 2
     assert_curve(stack, j, want, exact=True)
     wait_until(lambda: host.worker in stack.idle_workers(), 30, f"{host.worker} idle again")
@@ -180,8 +227,14 @@ def test_cpu_contention_straggler_is_replaced(stack, uninterrupted):
     time (on CPU plus queued for it) grows ~20x. Plain equal-weight hogs are not enough on a
     shared host: the foreign load they push onto the healthy ranks' CPU slows those ~3x too
     (seen), and with dp=2 the median is the mean of victim and healthy rank."""
-    spec = mesh_spec("chaos-slow", parallel={"dp": 3}, train={"global_batch": 24},
-                     straggler={"slowdown": 1.5, "window_steps": 6, "action": "replace"})
+    # 25 steps: the straggler window (6 steps) fills after the pinning, with steps to spare
+    spec = mesh_spec(
+        "chaos-slow",
+        steps=25,
+        parallel={"dp": 3},
+        train={"global_batch": 24},
+        straggler={"slowdown": 1.5, "window_steps": 6, "action": "replace"},
+    )
     want = uninterrupted(spec)
     w, j1 = start(stack, spec)
     victim, spare = rank(j1, 1), j1.mesh.spares[0]
@@ -200,7 +253,7 @@ def test_cpu_contention_straggler_is_replaced(stack, uninterrupted):
     j = w.finish()
     succeeded(stack, j)
     rec = only_recovery(j, "Straggler", "replace")
-    assert [(f["rank"], f["worker"]) for f in rec.faults] == [(1, victim.worker)], rec.faults
+    assert [(f.rank, f.worker) for f in rec.faults] == [(1, victim.worker)], rec.faults
     assert rec.replaced == [{"old": victim.worker, "new": spare}]
     completed(rec)
     same_coordinates(j1, j, {victim.worker: spare})
@@ -225,8 +278,10 @@ def test_two_ranks_killed_at_once_with_one_spare(stack, uninterrupted):
     j = w.finish()
     succeeded(stack, j)
     rec = only_recovery(j, "TrainerKilled", "replace")
-    blamed = {f["worker"] for f in rec.faults}
-    assert {f["cause"] for f in rec.faults} == {"TrainerKilled"} and blamed <= {a.worker, b.worker}, rec.faults
+    blamed = {f.worker for f in rec.faults}
+    assert {f.cause for f in rec.faults} == {"TrainerKilled"} and blamed <= {a.worker, b.worker}, (
+        rec.faults
+    )
     moved = {m["old"]: m["new"] for m in rec.replaced}
     assert set(moved) == blamed, (rec.replaced, rec.faults)
     assert spare in moved.values()  # the job's spare first, then an idle pool worker
@@ -240,23 +295,31 @@ def test_two_ranks_killed_at_once_with_one_spare(stack, uninterrupted):
 
 # -- 7 ------------------------------------------------------------------------------------
 def test_sigkill_during_checkpoint_save(stack, uninterrupted):
+    """Rank 1 dies while the async save of checkpoint 10 is in flight: it is frozen right
+    after its step-10 record (the save starts after it), checked to have left that save
+    incomplete, then killed. Checkpoint 10 can never commit without it: the job resumes at 5."""
     spec = mesh_spec("chaos-save")
     want = uninterrupted(spec)
     w, j1 = start(stack, spec)
     victim = rank(j1, 1)
     path = metrics_path(stack, j1, 1)
-    save_after = 2 * EVERY - 1  # the step whose end starts the async save of step 10
-    wait_record(path, at_step(save_after), 120, f"rank 1 at step {save_after}")
-    kill(victim.pid)  # at once: the save of step 10 is in flight on this rank
+    save = 2 * EVERY
+    wait_record(path, at_step(save), 120, f"rank 1 at step {save}")
+    kill(victim.pid, signal.SIGSTOP)  # what it has written now is all it will ever write
+    time.sleep(0.5)  # time for the other ranks to finish the save, were it not waiting on rank 1
+    shards = checkpoint_dir(stack, j1.id, spec) / "g000001" / f"step-{save:08d}"
+    assert not (shards / ".metadata").exists(), (
+        f"precondition: the save of step {save} had completed when rank 1 was frozen"
+    )
+    kill(victim.pid)
     own = records(path)
-    assert not [r for r in own if r.get("event") == "checkpoint" and r["step"] == 2 * EVERY], (
-        "precondition: the victim had already finished the save of step 10 when it was killed")
-    assert max(r["step"] for r in own if "step" in r and "event" not in r) == save_after
+    assert not [r for r in own if r.get("event") == "checkpoint" and r["step"] == save], own
+    assert max(r["step"] for r in own if "step" in r and "event" not in r) == save
     j = w.finish()
     succeeded(stack, j)
     rec = only_recovery(j, "TrainerKilled", "replace")
     completed(rec)
-    assert rec.resumed_step in (EVERY, 2 * EVERY), rec  # a committed one, never a torn one
+    assert rec.resumed_step == EVERY, rec  # the last committed checkpoint, never a torn one
     assert_curve(stack, j, want, exact=True)
 
 
@@ -268,8 +331,12 @@ def test_controller_killed_during_recovery(stack, uninterrupted):
     victim = rank(j1, 1)
     wait_record(metrics_path(stack, j1, 1), at_step(KILL_AT), 120, f"rank 1 at step {KILL_AT}")
     kill(victim.pid)
-    mid = w.until(lambda j: j.restarts >= 1 or j.phase == "Recovering", 60, "the recovery to start",
-                  every=0.02)
+    mid = w.until(
+        lambda j: j.restarts >= 1 or j.phase == "Recovering",
+        60,
+        "the recovery to start",
+        every=0.02,
+    )
     old = stack.controller
     old.proc.kill(signal.SIGKILL)
     assert not old.proc.alive()
@@ -278,7 +345,9 @@ def test_controller_killed_during_recovery(stack, uninterrupted):
     succeeded(stack, j)
     rec = only_recovery(j, "TrainerKilled", "replace")
     completed(rec)
-    assert mid.recoveries and mid.recoveries[0].completed_at is None, "killed after the recovery ended"
+    assert mid.recoveries and mid.recoveries[0].completed_at is None, (
+        "killed after the recovery ended"
+    )
     sources = {e.source for e in events(stack, j.id) if e.reason == "Recovered"}
     assert sources and not any(f"-{old.proc.pid}-" in s for s in sources), sources
     assert_curve(stack, j, want, exact=True)
@@ -286,8 +355,10 @@ def test_controller_killed_during_recovery(stack, uninterrupted):
 
 # -- 9 ------------------------------------------------------------------------------------
 def test_no_spare_dp_shrinks_then_grows_back(stack, uninterrupted):
-    spec = mesh_spec("chaos-shrink", parallel={"dp": 4, "tp": 2}, train={"global_batch": 24},
-                     spares=0)
+    # 25 steps: checkpoints still to come after the worker returns (the grow resumes at one)
+    spec = mesh_spec(
+        "chaos-shrink", steps=25, parallel={"dp": 4, "tp": 2}, train={"global_batch": 24}, spares=0
+    )
     want = uninterrupted(spec)
     w, j1 = start(stack, spec)
     assert len({r.worker for r in j1.mesh.ranks}) == WORKERS and not j1.mesh.spares
@@ -295,6 +366,8 @@ def test_no_spare_dp_shrinks_then_grows_back(stack, uninterrupted):
     # early, so that however fast the steps, the shrunk job still has checkpoints to come
     # after the worker returns (it returns as soon as the shrink is decided)
     wait_record(metrics_path(stack, j1, 5), at_step(EVERY + 1), 180, f"rank 5 at step {EVERY + 1}")
+    # committed, not only saved: an async save still in flight at the kill commits nothing
+    w.until(lambda j: j.last_checkpoint, 60, "a committed checkpoint")
     stack.kill_worker(victim.worker, [victim.pid])
     shrunk = w.until(lambda j: j.generation >= 2 and j.mesh.shape.dp == 3, 120, "dp to shrink to 3")
     rec = shrunk.recoveries[0]
@@ -305,7 +378,10 @@ def test_no_spare_dp_shrinks_then_grows_back(stack, uninterrupted):
     stack.restart_agent(victim.worker)
     j = w.finish(400)
     succeeded(stack, j)
-    assert [(r.cause, r.action) for r in j.recoveries] == [("WorkerDead", "shrink"), ("CapacityReturned", "grow")]
+    assert [(r.cause, r.action) for r in j.recoveries] == [
+        ("WorkerDead", "shrink"),
+        ("CapacityReturned", "grow"),
+    ]
     assert j.restarts == 1 and j.generation == 3  # the grow is planned: not a restart
     grow = j.recoveries[1]
     assert grow.to_shape == [4, 1, 2] and j.mesh.shape.dp == 4
@@ -321,7 +397,9 @@ def test_no_spare_dp_shrinks_then_grows_back(stack, uninterrupted):
 
 # -- max_restarts ---------------------------------------------------------------------------
 def test_max_restarts_zero_fails_on_first_fault(stack):
-    spec = tiny_spec("chaos-max", train={"steps": 200}, fault_tolerance={"spares": 1, "max_restarts": 0})
+    spec = tiny_spec(
+        "chaos-max", train={"steps": 200}, fault_tolerance={"spares": 1, "max_restarts": 0}
+    )
     w, j1 = start(stack, spec)
     victim = rank(j1, 1)
     wait_record(metrics_path(stack, j1, 1), at_step(2), 120, "rank 1 at step 2")

@@ -1,5 +1,6 @@
 """Fencing chaos: a world cut off from Redis keeps training and saving, and forged checkpoints
-sit on disk; neither may change what the job restores (docs/fault-tolerance.md, "Fencing").
+sit on disk; neither may change what the job restores (docs/architecture.md, "Generation and
+fencing").
 
 Both end Succeeded with a loss curve bit-identical to an uninterrupted run.
 """
@@ -12,19 +13,26 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.chaos import (assert_curve, at_step, events, gone, kill, mesh_spec, metrics_path,
-                               rank, start, succeeded, wait_record)
+from tests.chaos.chaos import (
+    assert_curve,
+    at_step,
+    checkpoint_dir,
+    events,
+    gone,
+    kill,
+    mesh_spec,
+    metrics_path,
+    rank,
+    start,
+    succeeded,
+    wait_record,
+)
 from tests.chaos.faultproxy import FaultProxy
 from tests.launch import train
 from tests.stack import wait_until
 from worker.ckpt_store import MANIFEST, CheckpointStore, Pointer
 
 pytestmark = pytest.mark.slow
-
-
-def checkpoint_dir(stack, jid: str, spec: dict) -> Path:
-    """Where the agents put this job's checkpoints: {checkpoint root}/{job id}/{spec name}."""
-    return stack.work / "checkpoints" / jid / spec["name"]
 
 
 def committed_on_disk(gen_dir: Path) -> list[int]:
@@ -49,28 +57,44 @@ def test_partitioned_world_commits_and_deletes_nothing(stack, uninterrupted):
         for wid in cut_off:  # the same workers, now reaching Redis only through the proxy
             stack.agents[wid].stop()
             stack.restart_agent(wid, proxy.url)
-        wait_until(lambda: set(cut_off) <= set(stack.idle_workers()), 90, f"{cut_off} idle via the proxy")
+        wait_until(
+            lambda: set(cut_off) <= set(stack.idle_workers()), 90, f"{cut_off} idle via the proxy"
+        )
         w, j1 = start(stack, spec)
         assert sorted(r.worker for r in j1.mesh.ranks) == cut_off, j1.mesh.ranks
         old_pids = [r.pid for r in j1.mesh.ranks]
         wait_record(metrics_path(stack, j1, 0), at_step(12), 120, "rank 0 at step 12")
-        w.until(lambda j: j.last_checkpoint and j.last_checkpoint.step >= 10, 60, "checkpoint 10 committed")
+        w.until(
+            lambda j: j.last_checkpoint and j.last_checkpoint.step >= 10,
+            60,
+            "checkpoint 10 committed",
+        )
 
         proxy.cut()
         time.sleep(0.5)  # a request the proxy forwarded just before the cut has landed by now
         at_cut = stack.store.checkpoint_history(j1.id)  # read directly: the pointer the cut froze
         cut_step = at_cut[0]["step"]
         gen1 = checkpoint_dir(stack, j1.id, spec) / "g000001"
-        j2 = w.until(lambda j: j.generation == 2 and all(r.state == "running" for r in j.mesh.ranks),
-                     120, "generation 2 training on spares")
+        j2 = w.until(
+            lambda j: j.generation == 2 and all(r.state == "running" for r in j.mesh.ranks),
+            120,
+            "generation 2 training on spares",
+        )
         assert not {r.worker for r in j2.mesh.ranks} & set(cut_off), j2.mesh.ranks
         # The old world keeps training in the dark: wait until it saved past the cut, so the
         # heal below really delivers its held commit attempts.
-        wait_until(lambda: [s for s in committed_on_disk(gen1) if s > cut_step], 120,
-                   "generation 1 to save a checkpoint after the cut")
+        wait_until(
+            lambda: [s for s in committed_on_disk(gen1) if s > cut_step],
+            120,
+            "generation 1 to save a checkpoint after the cut",
+        )
         on_disk_before_heal = committed_on_disk(gen1)
         proxy.heal()
-        wait_until(lambda: all(gone(p) for p in old_pids), 60, "generation 1's trainers to stop after the heal")
+        wait_until(
+            lambda: all(gone(p) for p in old_pids),
+            60,
+            "generation 1's trainers to stop after the heal",
+        )
         j = w.finish()
     finally:
         proxy.close()
@@ -81,7 +105,7 @@ def test_partitioned_world_commits_and_deletes_nothing(stack, uninterrupted):
     succeeded(stack, j)
     assert [(r.cause, r.action) for r in j.recoveries] == [("WorkerDead", "replace")], j.recoveries
     rec = j.recoveries[0]
-    assert {f["worker"] for f in rec.faults} == set(cut_off), rec.faults
+    assert {f.worker for f in rec.faults} == set(cut_off), rec.faults
     # committed nothing: no generation-1 pointer past the cut, ever
     assert all(step <= cut_step for gen, step in w.pointers if gen == 1), w.pointers
     history = stack.store.checkpoint_history(j.id)
@@ -90,8 +114,12 @@ def test_partitioned_world_commits_and_deletes_nothing(stack, uninterrupted):
     assert set(on_disk_before_heal) <= set(committed_on_disk(gen1))
     assert {h["step"] for h in at_cut} <= set(committed_on_disk(gen1))
     for h in history:  # and everything the pointer names still verifies
-        CheckpointStore(checkpoint_dir(stack, j.id, spec).parent, spec["name"], generation=h["generation"],
-                        writer=j.id).verify(Pointer.from_json(h))
+        CheckpointStore(
+            checkpoint_dir(stack, j.id, spec).parent,
+            spec["name"],
+            generation=h["generation"],
+            writer=j.id,
+        ).verify(Pointer.from_json(h))
     assert rec.resumed_step == cut_step, (rec.resumed_step, cut_step)
     assert_curve(stack, j, want, exact=True)
 
@@ -103,16 +131,26 @@ def test_forged_and_foreign_checkpoints_are_never_restored(stack, uninterrupted,
     spec = mesh_spec("fence-forged", parallel={"dp": 2})
     spec["checkpoint"]["keep"] = 20  # generation 1's pointers stay in the history to compare with
     want = uninterrupted(spec)
-    other = {**spec, "data": {"source": "synthetic", "seed": 99}, "parallel": {"dp": 1},
-             "train": {**spec["train"], "steps": 10}}
-    train(other, tmp_path / "other", extra=["--checkpoint-root", str(tmp_path / "other-ck"), "--job-id", "other"])
+    other = {
+        **spec,
+        "data": {"source": "synthetic", "seed": 99},
+        "parallel": {"dp": 1},
+        "train": {**spec["train"], "steps": 10},
+    }
+    train(
+        other,
+        tmp_path / "other",
+        extra=["--checkpoint-root", str(tmp_path / "other-ck"), "--job-id", "other"],
+    )
     foreign = tmp_path / "other-ck" / spec["name"] / "g000000" / "step-00000010"
     assert (foreign / MANIFEST).is_file()
 
     w, j1 = start(stack, spec)
     victim = rank(j1, 0)
     wait_record(metrics_path(stack, j1, 0), at_step(7), 120, "rank 0 at step 7")
-    j = w.until(lambda j: j.last_checkpoint and j.last_checkpoint.step >= 5, 60, "checkpoint 5 committed")
+    j = w.until(
+        lambda j: j.last_checkpoint and j.last_checkpoint.step >= 5, 60, "checkpoint 5 committed"
+    )
     ck = checkpoint_dir(stack, j1.id, spec)
     forged = [ck / "g000001" / "step-00000099", ck / "g000009" / "step-00000020"]
     for d in forged:
@@ -121,10 +159,15 @@ def test_forged_and_foreign_checkpoints_are_never_restored(stack, uninterrupted,
     j = w.finish()
 
     succeeded(stack, j)
-    assert [(r.cause, r.action) for r in j.recoveries] == [("TrainerKilled", "replace")], j.recoveries
+    assert [(r.cause, r.action) for r in j.recoveries] == [("TrainerKilled", "replace")], (
+        j.recoveries
+    )
     rec = j.recoveries[0]
     history = stack.store.checkpoint_history(j.id)
-    assert rec.resumed_step == max(h["step"] for h in history if h["generation"] == 1), (rec, history)
+    assert rec.resumed_step == max(h["step"] for h in history if h["generation"] == 1), (
+        rec,
+        history,
+    )
     assert "checkpoint_skipped" not in {e.reason for e in events(stack, j.id)}
     assert all((d / MANIFEST).is_file() for d in forged)  # never read, never touched
     assert_curve(stack, j, want, exact=True)

@@ -1,4 +1,5 @@
-"""Chaos: Redis stalls and restarts under a running job (DESIGN.md section 7, issue 10).
+"""Chaos: Redis stalls and restarts under a running job (docs/architecture.md, "Failure
+handling"; issue 10).
 
 Trainers hold no Redis connection, so they train straight through a Redis fault; what can go
 wrong is the controller's judgement: every agent's heartbeats stop while Redis is away, and a
@@ -35,12 +36,21 @@ from pathlib import Path
 
 import pytest
 
+from cli.local_stack import wait_ready
 from services.client import Client
 from services.procs import descendants, free_port
-from services.stack import wait_ready
 from services.store import Store
-from tests.chaos.chaos import (Watch, assert_curve, at_step, events, mesh_spec, metrics_path, records,
-                               succeeded, wait_record)
+from tests.chaos.chaos import (
+    assert_curve,
+    at_step,
+    events,
+    mesh_spec,
+    metrics_path,
+    records,
+    start,
+    succeeded,
+    wait_record,
+)
 from tests.stack import ENV, ROOT, wait_until
 
 pytestmark = pytest.mark.slow
@@ -50,14 +60,6 @@ STEPS = 300  # ~0.05-0.15 s each on 2 shared cores: the job outlasts both faults
 
 def spec_for(name: str, **ft) -> dict:
     return mesh_spec(name, parallel={"dp": 2}, steps=STEPS, **ft)
-
-
-def start(stack, spec) -> Watch:
-    w = Watch(stack, stack.client.submit(spec).id)
-    w.until(lambda j: j.mesh.generation == 1 and j.mesh.ranks
-            and all(r.pid and r.state == "running" for r in j.mesh.ranks), 180,
-            "every rank of generation 1 to train")
-    return w
 
 
 def untouched(stack, j) -> None:
@@ -71,10 +73,11 @@ def untouched(stack, j) -> None:
 def still_training(path: Path, what: str) -> None:
     """The precondition that makes the test able to fail: rank 0 had not finished yet."""
     recs = records(path)
-    last = max((r["step"] for r in recs if "step" in r and "event" not in r), default=-1)
-    assert last < STEPS - 1 and not any(r.get("event") == "done" for r in recs), (
+    last = max((r["step"] for r in recs if "step" in r and "event" not in r), default=0)
+    assert last < STEPS and not any(r.get("event") == "done" for r in recs), (
         f"rank 0 already reached step {last} of {STEPS} {what}: the job no longer proves anything; "
-        "raise STEPS")
+        "raise STEPS"
+    )
 
 
 def store_call_bound() -> float:
@@ -92,7 +95,7 @@ def test_redis_stall_causes_no_recovery(stack, uninterrupted):
     spec = spec_for("redis-stall")
     dead_after = spec["fault_tolerance"]["dead_after_s"]
     want = uninterrupted(spec)
-    w = start(stack, spec)
+    w, _ = start(stack, spec)
     m0 = metrics_path(stack, w.poll(), 0)
     wait_record(m0, at_step(3), 120, "rank 0 at step 3")
     redis_pid = stack.redis.proc.pid
@@ -103,7 +106,9 @@ def test_redis_stall_causes_no_recovery(stack, uninterrupted):
         finally:
             os.kill(redis_pid, signal.SIGCONT)
         wait_until(lambda: stack.client.ready(), 30, "the controller to reach Redis again")
-        wait_until(lambda: all(x.alive for x in stack.client.workers()), 30, "every agent to beat again")
+        wait_until(
+            lambda: all(x.alive for x in stack.client.workers()), 30, "every agent to beat again"
+        )
         time.sleep(2 * dead_after)
         j = w.poll()
         assert j.phase == "Running", (j.phase, j.conditions, stack.logs())
@@ -126,11 +131,32 @@ class UpStack:
         env = {k: v for k, v in ENV.items() if k != "REDIS_URL"}
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "services.cli", "up", "--workers", "2", "--warm", "1",
-                 "--port", str(port), "--run-dir", str(run)],
-                cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-        token = run / "secrets" / "api-token"  # the admin token `up` generates before it starts anything
-        wait_until(lambda: token.exists() and token.read_text().strip(), 30, f"{token} (see {self.log})")
+                [
+                    sys.executable,
+                    "-m",
+                    "cli",
+                    "up",
+                    "--workers",
+                    "2",
+                    "--warm",
+                    "1",
+                    "--port",
+                    str(port),
+                    "--run-dir",
+                    str(run),
+                ],
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        token = (
+            run / "secrets" / "api-token"
+        )  # the admin token `up` generates before it starts anything
+        wait_until(
+            lambda: token.exists() and token.read_text().strip(), 30, f"{token} (see {self.log})"
+        )
         self.token = token.read_text().strip()
         self.client = Client(self.url, self.token)
 
@@ -180,12 +206,18 @@ def test_redis_restart_under_meshkeeper_up(tmp_path, uninterrupted):
     want = uninterrupted(spec)
     up = UpStack(tmp_path / "run", free_port())
     try:
-        assert wait_ready(up.url, 2, 120, lambda: None if up.proc.poll() is None else
-                          pytest.fail(f"meshkeeper up exited:\n{up.logs()}"), up.token), up.logs()
-        w = Watch(up, up.client.submit(spec).id)
-        j1 = w.until(lambda j: j.mesh.generation == 1 and j.mesh.ranks
-                     and all(r.pid and r.state == "running" for r in j.mesh.ranks), 180,
-                     "every rank of generation 1 to train")
+        assert wait_ready(
+            up.url,
+            2,
+            120,
+            lambda: (
+                None
+                if up.proc.poll() is None
+                else pytest.fail(f"meshkeeper up exited:\n{up.logs()}")
+            ),
+            up.token,
+        ), up.logs()
+        w, j1 = start(up, spec)
         m0 = metrics_path(up, j1, 0)
         wait_record(m0, at_step(3), 120, "rank 0 at step 3")
         wait_until(lambda: up.client.job(j1.id).last_checkpoint, 60, "a committed checkpoint")
@@ -197,8 +229,11 @@ def test_redis_restart_under_meshkeeper_up(tmp_path, uninterrupted):
             time.sleep(2 * dead_after)
         finally:
             os.kill(up.proc.pid, signal.SIGCONT)
-        new = wait_until(lambda: (p := up.redis_pid()) not in (None, old) and p, 30,
-                         "meshkeeper up to restart redis-server")
+        new = wait_until(
+            lambda: (p := up.redis_pid()) not in (None, old) and p,
+            30,
+            "meshkeeper up to restart redis-server",
+        )
         wait_until(lambda: up.client.ready(), 30, "the controller to reach Redis again")
         assert "restarting it" in up.log.read_text(), up.logs()
         # the job and its state came back from the AOF, in the run dir
@@ -207,8 +242,11 @@ def test_redis_restart_under_meshkeeper_up(tmp_path, uninterrupted):
         assert j.last_checkpoint is not None and j.last_checkpoint.generation == 1
         assert [s.id for s in up.client.jobs()] == [j1.id]
         assert any((tmp_path / "run" / "redis").glob("appendonlydir/*.aof")), list(
-            (tmp_path / "run" / "redis").rglob("*"))
-        wait_until(lambda: all(x.alive for x in up.client.workers()), 30, "both agents to beat again")
+            (tmp_path / "run" / "redis").rglob("*")
+        )
+        wait_until(
+            lambda: all(x.alive for x in up.client.workers()), 30, "both agents to beat again"
+        )
         time.sleep(2 * dead_after)  # where a false death would be declared
         j = w.poll()
         untouched(up, j)

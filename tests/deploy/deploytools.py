@@ -53,12 +53,15 @@ def helm():
     try:
         import helm_python
     except ImportError as e:
-        raise MissingTool(f"helm_python not importable ({e}); install it: {INSTALL['helm_python']}")
+        raise MissingTool(
+            f"helm_python not importable ({e}); install it: {INSTALL['helm_python']}"
+        ) from e
     return helm_python
 
 
-def render(values: dict | None = None, *, chart: Path = CHART, name: str = "mk",
-           namespace: str = "ml") -> dict[str, str]:
+def render(
+    values: dict | None = None, *, chart: Path = CHART, name: str = "mk", namespace: str = "ml"
+) -> dict[str, str]:
     """Template path -> rendered text, for the non-empty YAML templates."""
     with helm().Chart.load(str(chart)) as c:
         out = c.render(values, name=name, namespace=namespace)
@@ -70,7 +73,7 @@ def docs(text: str) -> list[dict]:
 
 
 def copy_chart(dest: Path) -> Path:
-    """A real copy of the chart (symlinked deploy/ folders resolved) that a test may add files to."""
+    """A real copy of the chart (symlinked deploy/ folders resolved) that a test may add to."""
     return Path(shutil.copytree(CHART, dest / "meshkeeper", symlinks=False))
 
 
@@ -81,12 +84,21 @@ KUBE_VERSIONS = ("1.27.0", "1.37.0")
 
 
 def kubernetes_validate(paths: list[Path]) -> list[str]:
-    """Problems kubernetes-validate --strict reports; a missing schema counts unless the kind is custom."""
-    out = run(tool("kubernetes-validate"), "--strict", "--quiet",
-              *[a for v in KUBE_VERSIONS for a in ("-k", v)], *map(str, paths))
-    problems = [line for line in out.stdout.splitlines()
-                if line.startswith(("ERROR", "FATAL"))
-                or (line.startswith("WARN") and not any(f"kind {k} " in line for k in CUSTOM_KINDS))]
+    """Problems kubernetes-validate --strict reports; a missing schema counts unless the kind
+    is custom."""
+    out = run(
+        tool("kubernetes-validate"),
+        "--strict",
+        "--quiet",
+        *[a for v in KUBE_VERSIONS for a in ("-k", v)],
+        *map(str, paths),
+    )
+    problems = [
+        line
+        for line in out.stdout.splitlines()
+        if line.startswith(("ERROR", "FATAL"))
+        or (line.startswith("WARN") and not any(f"kind {k} " in line for k in CUSTOM_KINDS))
+    ]
     if out.returncode and not problems:
         problems.append(f"kubernetes-validate exited {out.returncode}: {out.stdout}{out.stderr}")
     return problems
@@ -113,11 +125,15 @@ BASE_VALUES = {"auth": {"existingSecret": "meshkeeper-auth"}}
 # Rendered for "default" and no namespace in the base kustomization: kustomize rewrites
 # RoleBinding subjects only from "default", so an overlay's `namespace:` then fixes them.
 BASE_NAMESPACE = "default"
-HEADER = "# Generated from helm/meshkeeper (default values) by tests/deploy/deploytools.py --write.\n# Edit the chart, not this file.\n"
+HEADER = (
+    "# Generated from helm/meshkeeper (default values) by tests/deploy/deploytools.py --write.\n"
+    "# Edit the chart, not this file.\n"
+)
 
 
 def _plain(obj: dict) -> dict:
     """Drop Helm's own labels from an object and its pod template; mark kustomize as manager."""
+
     def fix(meta: dict | None) -> None:
         labels = (meta or {}).get("labels")
         if labels:
@@ -125,6 +141,7 @@ def _plain(obj: dict) -> dict:
                 labels.pop(k, None)
             if "app.kubernetes.io/managed-by" in labels:
                 labels["app.kubernetes.io/managed-by"] = "kustomize"
+
     fix(obj.get("metadata"))
     fix(obj.get("spec", {}).get("template", {}).get("metadata"))
     return obj
@@ -133,7 +150,9 @@ def _plain(obj: dict) -> dict:
 def k8s_base() -> dict[str, str]:
     """File name -> content of deploy/k8s/base, the kustomization included."""
     files: dict[str, str] = {}
-    for template, text in sorted(render(BASE_VALUES, name="meshkeeper", namespace=BASE_NAMESPACE).items()):
+    for template, text in sorted(
+        render(BASE_VALUES, name="meshkeeper", namespace=BASE_NAMESPACE).items()
+    ):
         objs = [_plain(d) for d in docs(text)]
         files[Path(template).name] = HEADER + yaml.safe_dump_all(objs, sort_keys=False)
     with helm().Chart.load(str(CHART)) as c:
@@ -159,6 +178,8 @@ def write_k8s_base() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
-        sys.exit("usage: python tests/deploy/deploytools.py --write   (regenerates deploy/k8s/base)")
+        sys.exit(
+            "usage: python tests/deploy/deploytools.py --write   (regenerates deploy/k8s/base)"
+        )
     write_k8s_base()
     print(f"wrote {K8S / 'base'}")

@@ -10,12 +10,11 @@ import subprocess
 import sys
 import tomllib
 
+import deploytools as dt
 import pytest
 import yaml
 
 from tests.stack import wait_until
-
-import deploytools as dt
 
 DOCKERFILE = dt.REPO / "deploy" / "docker" / "Dockerfile"
 COMPOSE = dt.REPO / "docker-compose.yml"
@@ -63,19 +62,25 @@ def test_images_are_non_root_with_a_healthcheck():
         lines = chain(target)
         users = [ln.split()[1] for ln in lines if ln.upper().startswith("USER ")]
         assert users and users[-1].split(":")[0] not in ("0", "root"), f"{target} runs as root"
-        assert any(ln.upper().startswith("HEALTHCHECK ") for ln in lines), f"{target} has no HEALTHCHECK"
+        assert any(ln.upper().startswith("HEALTHCHECK ") for ln in lines), (
+            f"{target} has no HEALTHCHECK"
+        )
 
 
 def test_torch_pin_matches_pyproject():
     pyproject = tomllib.loads((dt.REPO / "pyproject.toml").read_text())
-    pins = [r for r in pyproject["project"]["optional-dependencies"]["worker"] if r.startswith("torch")]
+    pins = [
+        r for r in pyproject["project"]["optional-dependencies"]["worker"] if r.startswith("torch")
+    ]
     arg = re.search(r"ARG TORCH_VERSION=(\S+)", DOCKERFILE.read_text()).group(1)
     assert pins == [f"torch=={arg}"], f"Dockerfile TORCH_VERSION={arg} but pyproject pins {pins}"
 
 
 def test_controller_image_installs_no_torch():
     pyproject = tomllib.loads((dt.REPO / "pyproject.toml").read_text())["project"]
-    extras = re.search(r'pip install "\.\[([^\]]+)\]"', " ".join(chain("controller-build"))).group(1)
+    extras = re.search(r'pip install "\.\[([^\]]+)\]"', " ".join(chain("controller-build"))).group(
+        1
+    )
     reqs = list(pyproject["dependencies"])
     for extra in extras.split(","):
         reqs += pyproject.get("optional-dependencies", {}).get(extra, [])
@@ -84,10 +89,14 @@ def test_controller_image_installs_no_torch():
 
 def test_the_controller_image_extras_exist():
     """The Dockerfile installs .[controller,operator]: pip only warns about a missing extra."""
-    extras = tomllib.loads((dt.REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = tomllib.loads((dt.REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
     wanted = re.search(r'pip install "\.\[([^\]]+)\]"', DOCKERFILE.read_text()).group(1)
     missing = [e for e in wanted.split(",") if e not in extras]
-    assert not missing, f"pyproject.toml lacks the extras {missing} that the controller image installs"
+    assert not missing, (
+        f"pyproject.toml lacks the extras {missing} that the controller image installs"
+    )
     names = {re.match(r"[A-Za-z0-9_.-]+", r).group(0).lower() for r in extras["operator"]}
     assert {"kopf", "kubernetes"} <= names, extras["operator"]
 
@@ -103,6 +112,7 @@ def test_dockerignore_lets_in_only_what_the_dockerfile_copies():
 
 
 # --- docker-compose.yml ----------------------------------------------------------
+
 
 def compose(*args: str):
     return dt.run(dt.tool("docker-compose"), "-f", str(COMPOSE), *args)
@@ -127,12 +137,19 @@ def test_compose_exposes_only_what_a_user_needs():
     published = {name: s.get("ports", []) for name, s in services.items() if s.get("ports")}
     assert set(published) == {"controller", "prometheus", "grafana"}
     for name, ports in published.items():
-        assert all(p.get("host_ip") == "127.0.0.1" for p in ports), f"{name} listens beyond localhost"
+        assert all(p.get("host_ip") == "127.0.0.1" for p in ports), (
+            f"{name} listens beyond localhost"
+        )
     redis = services["redis"]
-    assert "--appendonly" in redis["command"] and redis["command"][redis["command"].index("--appendonly") + 1] == "yes"
+    assert (
+        "--appendonly" in redis["command"]
+        and redis["command"][redis["command"].index("--appendonly") + 1] == "yes"
+    )
     worker = services["worker"]
     assert "container_name" not in worker, "a named container cannot be scaled with --scale"
-    assert worker["environment"]["MESHKEEPER_METRICS_HOST"] == "0.0.0.0", "Prometheus scrapes workers"
+    assert worker["environment"]["MESHKEEPER_METRICS_HOST"] == "0.0.0.0", (
+        "Prometheus scrapes workers"
+    )
     mounts = {(v["source"], v["target"]) for v in worker["volumes"]}
     assert ("checkpoints", "/checkpoints") in mounts
     for name in ("controller", "worker"):
@@ -161,25 +178,44 @@ def test_compose_redis_requires_auth_and_workers_hold_no_redis_password():
     assert cmd[cmd.index("--aclfile") + 1] == "/data/users.acl"
     assert ("redis-data", "/data") in {(v["source"], v["target"]) for v in redis["volumes"]}
     probe = " ".join(redis["healthcheck"]["test"])
-    assert "--user admin" in probe and "grep -q PONG" in probe, "redis-cli exits 0 on NOAUTH: check the reply"
+    assert "--user admin" in probe and "grep -q PONG" in probe, (
+        "redis-cli exits 0 on NOAUTH: check the reply"
+    )
     worker = services["worker"]
     assert worker["command"] == ["--controller", "http://controller:8080"]
-    assert worker["environment"] == {"MESHKEEPER_JOIN_TOKEN_FILE": "/run/secrets/meshkeeper/join-token",
-                                     "MESHKEEPER_METRICS_HOST": "0.0.0.0"}
+    assert worker["environment"] == {
+        "MESHKEEPER_JOIN_TOKEN_FILE": "/run/secrets/meshkeeper/join-token",
+        "MESHKEEPER_METRICS_HOST": "0.0.0.0",
+    }
     assert {v["source"] for v in worker["volumes"]} == {"checkpoints", "secrets-worker"}
     # each service mounts only its own secrets volume; only `secrets` sees them all
     for name, s in services.items():
-        mounted = {v["source"] for v in s.get("volumes", []) if v["type"] == "volume" and v["source"].startswith("secrets")}
+        mounted = {
+            v["source"]
+            for v in s.get("volumes", [])
+            if v["type"] == "volume" and v["source"].startswith("secrets")
+        }
         assert name == "secrets" or mounted <= {f"secrets-{name}"}, (name, mounted)
         if name != "secrets":
             assert s["depends_on"]["secrets"]["condition"] == "service_completed_successfully", name
-    assert "GF_SECURITY_ADMIN_PASSWORD" not in services["grafana"]["environment"], "no default Grafana password"
-    assert services["controller"]["environment"]["MESHKEEPER_AUTH_FILE"] == "/run/secrets/meshkeeper/auth.json"
+    assert "GF_SECURITY_ADMIN_PASSWORD" not in services["grafana"]["environment"], (
+        "no default Grafana password"
+    )
+    assert (
+        services["controller"]["environment"]["MESHKEEPER_AUTH_FILE"]
+        == "/run/secrets/meshkeeper/auth.json"
+    )
 
 
 def _run_secrets(root, **env):
-    return subprocess.run([sys.executable, str(SECRETS_SCRIPT), str(root)], capture_output=True, text=True,
-                          timeout=60, cwd=dt.REPO, env={"PATH": os.environ["PATH"], "PYTHONPATH": str(dt.REPO), **env})
+    return subprocess.run(
+        [sys.executable, str(SECRETS_SCRIPT), str(root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=dt.REPO,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(dt.REPO), **env},
+    )
 
 
 def test_compose_secrets_are_generated_kept_given_and_handed_out(tmp_path):
@@ -193,28 +229,54 @@ def test_compose_secrets_are_generated_kept_given_and_handed_out(tmp_path):
     assert out.returncode == 0, out.stderr
     files = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
     assert {f for f in files if not f.startswith("store/")} == {
-        "controller/auth.json", "controller/redis-url", "controller/api-token", "worker/join-token",
-        "prometheus/scrape-token", "grafana/grafana-admin-password", "redis/redis-admin-password",
-        "redis-data/users.acl"}
+        "controller/auth.json",
+        "controller/redis-url",
+        "controller/api-token",
+        "worker/join-token",
+        "prometheus/scrape-token",
+        "grafana/grafana-admin-password",
+        "redis/redis-admin-password",
+        "redis-data/users.acl",
+    }
     read = {f: (root / f).read_text().strip() for f in files}
     api, join = read["controller/api-token"], read["worker/join-token"]
     assert len(api) >= 32 and len({api, join, read["prometheus/scrape-token"]}) == 3
     auth = read_auth_file(root / "controller" / "auth.json")
     assert {(t.name, t.role, t.sha256) for t in auth.tokens} == {
-        ("admin", "admin", hash_token(api)), ("prometheus", "scrape", hash_token(read["prometheus/scrape-token"]))}
+        ("admin", "admin", hash_token(api)),
+        ("prometheus", "scrape", hash_token(read["prometheus/scrape-token"])),
+    }
     assert auth.join_sha256 == hash_token(join)
     assert api not in (root / "controller" / "auth.json").read_text()
     if os.geteuid() == 0:  # handed to the uid of the service that reads it, for nobody else
-        for f, uid in {"worker/join-token": 10001, "prometheus/scrape-token": 65534,
-                       "redis-data/users.acl": 999, "controller/redis-url": 10001}.items():
+        for f, uid in {
+            "worker/join-token": 10001,
+            "prometheus/scrape-token": 65534,
+            "redis-data/users.acl": 999,
+            "controller/redis-url": 10001,
+        }.items():
             st = (root / f).stat()
             assert st.st_uid == uid and st.st_mode & 0o077 == 0, (f, st.st_uid, oct(st.st_mode))
 
     # Redis with that aclfile: auth required; the controller's URL works and is confined
     port = free_port()
     acl = root / "redis-data" / "users.acl"
-    proc = subprocess.Popen([dt.tool("redis-server"), "--port", str(port), "--bind", "127.0.0.1",
-                             "--aclfile", str(acl), "--save", "", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            dt.tool("redis-server"),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--aclfile",
+            str(acl),
+            "--save",
+            "",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     try:
         url = read["controller/redis-url"].replace("@redis:6379", f"@127.0.0.1:{port}")
         ctl = redislib.Redis.from_url(url)
@@ -237,7 +299,11 @@ def test_compose_secrets_are_generated_kept_given_and_handed_out(tmp_path):
     assert (root / "controller" / "api-token").read_text().strip() == "given-admin-token-0123456789"
     assert "user agent-w1 " in acl.read_text() and "user default off" in acl.read_text()
     bad = _run_secrets(root, REDIS_ADMIN_PASSWORD="short")
-    assert bad.returncode != 0 and "REDIS_ADMIN_PASSWORD" in bad.stderr and "Traceback" not in bad.stderr
+    assert (
+        bad.returncode != 0
+        and "REDIS_ADMIN_PASSWORD" in bad.stderr
+        and "Traceback" not in bad.stderr
+    )
 
 
 def test_the_controller_entrypoint_exports_its_redis_url(tmp_path):
@@ -247,8 +313,12 @@ def test_the_controller_entrypoint_exports_its_redis_url(tmp_path):
     (tmp_path / "redis-url").write_text("redis://controller:p%40ss@redis:6379/0\n")
     script = entry[2].replace("$$", "$").replace("/run/secrets/meshkeeper", str(tmp_path))
     assert 'exec python -m controller "$@"' in script
-    out = subprocess.run(["sh", "-c", script.replace('exec python -m controller "$@"', "exec env"), *entry[3:]],
-                         capture_output=True, text=True, timeout=10)
+    out = subprocess.run(
+        ["sh", "-c", script.replace('exec python -m controller "$@"', "exec env"), *entry[3:]],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
     assert "REDIS_URL=redis://controller:p%40ss@redis:6379/0" in out.stdout.splitlines(), out
 
 
@@ -257,8 +327,12 @@ def test_prometheus_config_scrapes_the_controller_with_the_scrape_token(tmp_path
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
     token = "/run/secrets/meshkeeper/scrape-token"
     assert jobs["meshkeeper-controller"]["authorization"] == {"credentials_file": token}
-    assert jobs["meshkeeper-worker"]["http_sd_configs"][0]["authorization"] == {"credentials_file": token}
-    assert "authorization" not in jobs["meshkeeper-worker"], "workers' endpoints must not receive the token"
+    assert jobs["meshkeeper-worker"]["http_sd_configs"][0]["authorization"] == {
+        "credentials_file": token
+    }
+    assert "authorization" not in jobs["meshkeeper-worker"], (
+        "workers' endpoints must not receive the token"
+    )
     mounts = {v["target"]: v["source"] for v in compose_services()["prometheus"]["volumes"]}
     assert mounts["/run/secrets/meshkeeper"] == "secrets-prometheus"
     # promtool reads the credentials file: point it at a real one

@@ -14,13 +14,13 @@ import time
 from collections.abc import Callable
 
 import aiohttp
+import deploytools as dt
 import kmock
 import kopf
 import kubernetes
 import pytest
 import pytest_asyncio
 
-import deploytools as dt
 from controller import operator
 from controller.jobs import Job
 from controller.k8s import KubernetesActions
@@ -33,11 +33,16 @@ from tests.stack import RedisServer
 NS = "ml"
 TJ = "meshkeeper.io/v1alpha1/trainingjobs"
 TJ_URL = f"/apis/meshkeeper.io/v1alpha1/namespaces/{NS}/trainingjobs"
-SPEC = {"model": {"preset": "tiny"}, "parallel": {"dp": 2, "pp": 1, "tp": 1},
-        "train": {"steps": 20, "global_batch": 8}, "fault_tolerance": {"spares": 1}}
+SPEC = {
+    "model": {"preset": "tiny"},
+    "parallel": {"dp": 2, "pp": 1, "tp": 1},
+    "train": {"steps": 20, "global_batch": 8},
+    "fault_tolerance": {"spares": 1},
+}
 
 
 # --- the real back end: redis-server and the controller, once per module -----------------
+
 
 @pytest.fixture(scope="module")
 def redis(tmp_path_factory) -> RedisServer:
@@ -66,10 +71,26 @@ def controller_url(redis, api_token, tmp_path_factory):
     """The controller as the chart runs it: its admin token from MESHKEEPER_API_TOKEN."""
     port = free_port()
     log = (tmp_path_factory.mktemp("controller") / "controller.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "controller", "--host", "127.0.0.1", "--port", str(port),
-                             "--redis-url", redis.controller_url, "--prefix", "op:"],
-                            env={**os.environ, "MESHKEEPER_API_TOKEN": api_token},
-                            cwd=dt.REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "controller",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--redis-url",
+            redis.controller_url,
+            "--prefix",
+            "op:",
+        ],
+        env={**os.environ, "MESHKEEPER_API_TOKEN": api_token},
+        cwd=dt.REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     with Client(url, timeout=2) as c:
         until(c.ready, 30, f"the controller did not become ready; see {log.name}")
@@ -100,13 +121,24 @@ async def eventually(check: Callable[[], object], what: str, timeout: float = 20
 
 # --- the Kubernetes side: kmock with our resources, and the operator on it ----------------
 
+
 def declare(kmock) -> None:
-    kmock.resources[TJ] = kmock.ResourceInfo(kind="TrainingJob", singular="trainingjob", namespaced=True,
-                                             subresources={"status"},
-                                             verbs={"list", "watch", "get", "patch", "create", "delete"})
-    kmock.resources["v1/events"] = kmock.ResourceInfo(kind="Event", namespaced=True, verbs={"create", "list"})
-    kmock.resources["v1/namespaces"] = kmock.ResourceInfo(kind="Namespace", namespaced=False, verbs={"list", "watch"})
-    kmock.resources["v1/pods"] = kmock.ResourceInfo(kind="Pod", namespaced=True, verbs={"get", "list", "delete"})
+    kmock.resources[TJ] = kmock.ResourceInfo(
+        kind="TrainingJob",
+        singular="trainingjob",
+        namespaced=True,
+        subresources={"status"},
+        verbs={"list", "watch", "get", "patch", "create", "delete"},
+    )
+    kmock.resources["v1/events"] = kmock.ResourceInfo(
+        kind="Event", namespaced=True, verbs={"create", "list"}
+    )
+    kmock.resources["v1/namespaces"] = kmock.ResourceInfo(
+        kind="Namespace", namespaced=False, verbs={"list", "watch"}
+    )
+    kmock.resources["v1/pods"] = kmock.ResourceInfo(
+        kind="Pod", namespaced=True, verbs={"get", "list", "delete"}
+    )
 
 
 class ApiServer(kmock.KubernetesEmulator):
@@ -115,7 +147,12 @@ class ApiServer(kmock.KubernetesEmulator):
 
     async def _handle(self, request):
         meta = request.data.get("metadata") if isinstance(request.data, dict) else None
-        if request.action == kmock.action.CREATE and meta and not meta.get("name") and meta.get("generateName"):
+        if (
+            request.action == kmock.action.CREATE
+            and meta
+            and not meta.get("name")
+            and meta.get("generateName")
+        ):
             meta["name"] = meta["generateName"] + secrets.token_hex(4)
         return await super()._handle(request)
 
@@ -136,8 +173,14 @@ async def run_operator(kmock, api_token):
 
         stop, ready = threading.Event(), threading.Event()
         client = operator.make_client(url, api_token)
-        run = kopf.operator(registry=operator.build_registry(poll_s, login=login), standalone=True,
-                            namespaces=[NS], stop_flag=stop, ready_flag=ready, memo=kopf.Memo(client=client))
+        run = kopf.operator(
+            registry=operator.build_registry(poll_s, login=login),
+            standalone=True,
+            namespaces=[NS],
+            stop_flag=stop,
+            ready_flag=ready,
+            memo=kopf.Memo(client=client),
+        )
         thread = threading.Thread(target=asyncio.run, args=(run,), name="kopf", daemon=True)
         thread.start()
         started.append((thread, stop, client))
@@ -171,8 +214,11 @@ def status(kmock, name: str) -> dict:
 
 
 def events(kmock, reason: str) -> list[dict]:
-    return [o.raw for (res, _, _), o in kmock.objects.items()
-            if res.plural == "events" and not o.deleted and o.raw.get("reason") == reason]
+    return [
+        o.raw
+        for (res, _, _), o in kmock.objects.items()
+        if res.plural == "events" and not o.deleted and o.raw.get("reason") == reason
+    ]
 
 
 def condition(st: dict, type_: str) -> dict | None:
@@ -180,12 +226,26 @@ def condition(st: dict, type_: str) -> dict | None:
 
 
 async def create_tj(kmock, name: str, spec: dict = SPEC, **extra) -> None:
-    await k8s(kmock, "POST", TJ_URL, {"apiVersion": "meshkeeper.io/v1alpha1", "kind": "TrainingJob",
-                                      # what an API server adds (kmock stores what it is given)
-                                      "metadata": {"name": name, "namespace": NS, "resourceVersion": "1",
-                                                   "uid": f"uid-{name}", "generation": 1,
-                                                   "creationTimestamp": "2020-01-01T00:00:00Z"},
-                                      "spec": spec, **extra})
+    await k8s(
+        kmock,
+        "POST",
+        TJ_URL,
+        {
+            "apiVersion": "meshkeeper.io/v1alpha1",
+            "kind": "TrainingJob",
+            # what an API server adds (kmock stores what it is given)
+            "metadata": {
+                "name": name,
+                "namespace": NS,
+                "resourceVersion": "1",
+                "uid": f"uid-{name}",
+                "generation": 1,
+                "creationTimestamp": "2020-01-01T00:00:00Z",
+            },
+            "spec": spec,
+            **extra,
+        },
+    )
 
 
 def recover(redis_url: str, job_id: str, reason: str) -> None:
@@ -195,39 +255,58 @@ def recover(redis_url: str, job_id: str, reason: str) -> None:
     job = Job.from_hash(job_id, store.job(job_id))
     job.restarts += 1
     job.generation += 1
-    job.set("Recovering", True, reason, "rank 1 (dp=1 pp=0 tp=0) lost its worker; swapping in a spare",
-            store.now())
+    job.set(
+        "Recovering",
+        True,
+        reason,
+        "rank 1 (dp=1 pp=0 tp=0) lost its worker; swapping in a spare",
+        store.now(),
+    )
     store.r.hset(store.keys.job(job_id), mapping=flat(job.fields()))
     store.close()
 
 
 # --- tests --------------------------------------------------------------------------------
 
+
 @pytest.mark.asyncio
-async def test_create_submits_the_job_and_writes_conditions(kmock, run_operator, controller_url, api_token):
+async def test_create_submits_the_job_and_writes_conditions(
+    kmock, run_operator, controller_url, api_token
+):
     await run_operator(controller_url)
     await create_tj(kmock, "tiny")
-    st = await eventually(lambda: status(kmock, "tiny").get("jobID") and status(kmock, "tiny"), "status.jobID")
+    st = await eventually(
+        lambda: status(kmock, "tiny").get("jobID") and status(kmock, "tiny"), "status.jobID"
+    )
     admitted = condition(st, "Admitted")
     assert admitted["status"] == "True" and admitted["lastTransitionTime"].endswith("Z")
     with Client(controller_url, api_token) as c:
         job = c.job(st["jobID"])
     assert job.name == "tiny" and job.spec["parallel"]["dp"] == 2
     # the mirror follows: the controller's own conditions (no workers: waiting for capacity)
-    await eventually(lambda: (condition(status(kmock, "tiny"), "Running") or {}).get("reason")
-                     == "WaitingForCapacity", "the Running condition mirrored")
+    await eventually(
+        lambda: (
+            (condition(status(kmock, "tiny"), "Running") or {}).get("reason")
+            == "WaitingForCapacity"
+        ),
+        "the Running condition mirrored",
+    )
     assert operator.FINALIZER in tj_obj(kmock, "tiny")["metadata"]["finalizers"]
     assert events(kmock, "Submitted")[0]["involvedObject"]["name"] == "tiny"
 
 
 @pytest.mark.asyncio
-async def test_a_recovery_updates_conditions_and_restarts(kmock, run_operator, controller_url, redis_url):
+async def test_a_recovery_updates_conditions_and_restarts(
+    kmock, run_operator, controller_url, redis_url
+):
     await run_operator(controller_url)
     await create_tj(kmock, "recovers")
     job_id = await eventually(lambda: status(kmock, "recovers").get("jobID"), "status.jobID")
     await asyncio.to_thread(recover, redis_url, job_id, "WorkerDead")
-    st = await eventually(lambda: status(kmock, "recovers").get("restarts") == 1 and status(kmock, "recovers"),
-                          "restarts mirrored")
+    st = await eventually(
+        lambda: status(kmock, "recovers").get("restarts") == 1 and status(kmock, "recovers"),
+        "restarts mirrored",
+    )
     assert st["phase"] == "Recovering" and st["meshGeneration"] == 1
     assert condition(st, "Recovering")["reason"] == "WorkerDead"
     ev = await eventually(lambda: events(kmock, "Recovering"), "a Recovering event")
@@ -235,7 +314,9 @@ async def test_a_recovery_updates_conditions_and_restarts(kmock, run_operator, c
 
 
 @pytest.mark.asyncio
-async def test_delete_cancels_the_job_and_releases_the_object(kmock, run_operator, controller_url, api_token):
+async def test_delete_cancels_the_job_and_releases_the_object(
+    kmock, run_operator, controller_url, api_token
+):
     await run_operator(controller_url)
     await create_tj(kmock, "cancelled")
     job_id = await eventually(lambda: status(kmock, "cancelled").get("jobID"), "status.jobID")
@@ -246,13 +327,19 @@ async def test_delete_cancels_the_job_and_releases_the_object(kmock, run_operato
 
 
 @pytest.mark.asyncio
-async def test_an_invalid_spec_is_refused_with_the_field(kmock, run_operator, controller_url, api_token):
+async def test_an_invalid_spec_is_refused_with_the_field(
+    kmock, run_operator, controller_url, api_token
+):
     await run_operator(controller_url)
     bad = {**SPEC, "parallel": {"dp": 3, "pp": 1, "tp": 1}}  # global_batch 8 % dp 3
     await create_tj(kmock, "bad")
     await create_tj(kmock, "worse", bad)
     st = await eventually(lambda: condition(status(kmock, "worse"), "Admitted"), "the refusal")
-    assert st["status"] == "False" and st["reason"] == "InvalidSpec" and "train.global_batch" in st["message"]
+    assert (
+        st["status"] == "False"
+        and st["reason"] == "InvalidSpec"
+        and "train.global_batch" in st["message"]
+    )
     assert status(kmock, "worse")["phase"] == "Failed" and "jobID" not in status(kmock, "worse")
     with Client(controller_url, api_token) as c:
         assert [j.name for j in c.jobs()].count("worse") == 0
@@ -263,8 +350,13 @@ async def test_delete_is_never_stuck_on_an_unreachable_controller(kmock, run_ope
     monkeypatch.setattr(operator, "RETRY_DELAY_S", 0.1)
     await run_operator(f"http://127.0.0.1:{free_port()}")  # nothing listens there
     await create_tj(kmock, "orphan", status={"jobID": "orphan-abc123", "phase": "Running"})
-    await eventually(lambda: operator.FINALIZER in (tj_obj(kmock, "orphan") or {}).get("metadata", {})
-                     .get("finalizers", []), "the finalizer added")
+    await eventually(
+        lambda: (
+            operator.FINALIZER
+            in (tj_obj(kmock, "orphan") or {}).get("metadata", {}).get("finalizers", [])
+        ),
+        "the finalizer added",
+    )
     await k8s(kmock, "DELETE", f"{TJ_URL}/orphan")
     await eventually(lambda: tj_obj(kmock, "orphan") is None, "the object released", timeout=30)
     assert events(kmock, "CancelFailed")
@@ -272,28 +364,48 @@ async def test_delete_is_never_stuck_on_an_unreachable_controller(kmock, run_ope
 
 # --- controller/k8s.py --------------------------------------------------------------------
 
+
 @pytest.mark.asyncio
 async def test_replace_worker_deletes_only_pool_pods_and_records_an_event(kmock):
     declare(kmock)
     pool = {"app.kubernetes.io/instance": "mk", "app.kubernetes.io/component": "worker"}
-    kmock.objects["v1/pods", NS, "mk-worker-abc"] = {"metadata": {"name": "mk-worker-abc", "namespace": NS,
-                                                                   "labels": pool}}
-    kmock.objects["v1/pods", NS, "redis-0"] = {"metadata": {"name": "redis-0", "namespace": NS,
-                                                             "labels": {"app.kubernetes.io/component": "redis"}}}
-    kmock.objects[TJ, NS, "tiny"] = {"apiVersion": "meshkeeper.io/v1alpha1", "kind": "TrainingJob",
-                                     "metadata": {"name": "tiny", "namespace": NS, "uid": "u-1"},
-                                     "status": {"jobID": "tiny-0a1b2c"}}
+    kmock.objects["v1/pods", NS, "mk-worker-abc"] = {
+        "metadata": {"name": "mk-worker-abc", "namespace": NS, "labels": pool}
+    }
+    kmock.objects["v1/pods", NS, "redis-0"] = {
+        "metadata": {
+            "name": "redis-0",
+            "namespace": NS,
+            "labels": {"app.kubernetes.io/component": "redis"},
+        }
+    }
+    kmock.objects[TJ, NS, "tiny"] = {
+        "apiVersion": "meshkeeper.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "tiny", "namespace": NS, "uid": "u-1"},
+        "status": {"jobID": "tiny-0a1b2c"},
+    }
     config = kubernetes.client.Configuration(host=str(kmock.url).rstrip("/"))
-    actions = KubernetesActions(kubernetes.client.ApiClient(config), NS,
-                                "app.kubernetes.io/instance=mk,app.kubernetes.io/component=worker")
+    actions = KubernetesActions(
+        kubernetes.client.ApiClient(config),
+        NS,
+        "app.kubernetes.io/instance=mk,app.kubernetes.io/component=worker",
+    )
     worker = {"id": "w-1", "host": "ignored", "labels": {"k8s.pod": "mk-worker-abc"}}
-    assert await asyncio.to_thread(actions.replace_worker, worker, "tiny-0a1b2c", "heartbeat lost") == "mk-worker-abc"
+    assert (
+        await asyncio.to_thread(actions.replace_worker, worker, "tiny-0a1b2c", "heartbeat lost")
+        == "mk-worker-abc"
+    )
     assert kmock.objects["v1/pods", NS, "mk-worker-abc"].deleted
     ev = events(kmock, "WorkerReplaced")
-    assert ev and ev[0]["involvedObject"]["name"] == "tiny" and ev[0]["involvedObject"]["uid"] == "u-1"
+    assert (
+        ev and ev[0]["involvedObject"]["name"] == "tiny" and ev[0]["involvedObject"]["uid"] == "u-1"
+    )
     # a worker whose pod is not in the pool (here: the Redis pod) is never deleted
     foreign = {"id": "w-2", "host": "redis-0", "labels": {}}
-    assert await asyncio.to_thread(actions.replace_worker, foreign, "tiny-0a1b2c", "straggler") is None
+    assert (
+        await asyncio.to_thread(actions.replace_worker, foreign, "tiny-0a1b2c", "straggler") is None
+    )
     assert not kmock.objects["v1/pods", NS, "redis-0"].deleted
 
 

@@ -14,10 +14,31 @@ from tests.integration.conftest import Proc, wait_until
 
 def test_agent_joins_through_the_controller_and_deregisters(stack, tmp_path):
     port = free_port()
-    agent = Proc("agent-boot", [sys.executable, "-m", "worker", "--controller", stack.controller.url,
-                                "--join-token-file", str(stack.secrets.join_token_file), "--id", "boot-1", "--warm", "0", "--label", "rack=r7",
-                                "--metrics-port", str(port), "--run-dir", str(tmp_path)], tmp_path)
+    agent = Proc(
+        "agent-boot",
+        [
+            sys.executable,
+            "-m",
+            "worker",
+            "--controller",
+            stack.controller.url,
+            "--join-token-file",
+            str(stack.secrets.join_token_file),
+            "--id",
+            "boot-1",
+            "--warm",
+            "0",
+            "--label",
+            "rack=r7",
+            "--metrics-port",
+            str(port),
+            "--run-dir",
+            str(tmp_path),
+        ],
+        tmp_path,
+    )
     try:
+
         def registered():
             return next((w for w in stack.client.workers() if w.id == "boot-1" and w.alive), None)
 

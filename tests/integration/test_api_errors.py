@@ -19,8 +19,14 @@ CASES = [
     ("POST", "/v1/jobs", {k: v for k, v in GOOD.items() if k != "train"}, 422, "train", "required"),
     ("POST", "/v1/jobs", {**GOOD, "parallel": {"dp": 2, "tp": 3}}, 422, "parallel.tp", "divisible"),
     ("POST", "/v1/jobs", {**GOOD, "parallel": {"dp": 0}}, 422, "parallel.dp", "greater than"),
-    ("POST", "/v1/jobs", {**GOOD, "train": {"steps": 5, "global_batch": 15}}, 422,
-     "train.global_batch", "divisible"),
+    (
+        "POST",
+        "/v1/jobs",
+        {**GOOD, "train": {"steps": 5, "global_batch": 15}},
+        422,
+        "train.global_batch",
+        "divisible",
+    ),
     ("POST", "/v1/jobs", {**GOOD, "colour": "red"}, 422, "colour", "unknown key"),
     ("POST", "/v1/jobs", {**GOOD, "model": {"preset": "huge"}}, 422, "model.preset", "tiny"),
     ("GET", "/v1/jobs/no-such-job", None, 404, None, "not found"),
@@ -35,11 +41,17 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("method,path,body,status,field,words", CASES,
-                         ids=[f"{c[0]} {c[1]} {c[3]}" for c in CASES])
+@pytest.mark.parametrize(
+    "method,path,body,status,field,words", CASES, ids=[f"{c[0]} {c[1]} {c[3]}" for c in CASES]
+)
 def test_bad_request(stack, method, path, body, status, field, words):
-    kw = ({"content": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, bytes)
-          else {"json": body} if body is not None else {})
+    kw = (
+        {"content": body, "headers": {"Content-Type": "application/json"}}
+        if isinstance(body, bytes)
+        else {"json": body}
+        if body is not None
+        else {}
+    )
     r = stack.client.http.request(method, path, **kw)
     assert r.status_code == status, r.text
     doc = r.json()
@@ -52,8 +64,12 @@ def test_bad_request(stack, method, path, body, status, field, words):
 
 
 def test_every_spec_problem_is_listed(stack):
-    bad = {**GOOD, "model": {"preset": "tiny", "heads": 3}, "parallel": {"dp": 2, "tp": 2},
-           "train": {"steps": 5, "global_batch": 15, "warmup_steps": 9}}
+    bad = {
+        **GOOD,
+        "model": {"preset": "tiny", "heads": 3},
+        "parallel": {"dp": 2, "tp": 2},
+        "train": {"steps": 5, "global_batch": 15, "warmup_steps": 9},
+    }
     r = stack.client.http.post("/v1/jobs", json=bad)
     assert r.status_code == 422
     fields = [p["field"] for p in r.json()["problems"]]
@@ -69,6 +85,8 @@ def test_events_after_must_be_an_event_id(stack):
 
 
 def test_controller_never_imports_torch():
-    code = ("import sys, controller.app, controller.__main__, controller.service; "
-            "assert 'torch' not in sys.modules, 'controller imported torch'")
+    code = (
+        "import sys, controller.app, controller.__main__, controller.service; "
+        "assert 'torch' not in sys.modules, 'controller imported torch'"
+    )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, check=True, timeout=60)

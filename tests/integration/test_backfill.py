@@ -28,9 +28,19 @@ def store(redis_server):
 def join(store: Store, *wids: str) -> None:
     """What the controller writes when agents join (1 CPU device, 8 GiB), plus a heartbeat."""
     for wid in wids:
-        store.join_worker(wid, {"host": "h1", "address": "127.0.0.1", "labels": {"host": "h1"},
-                                "devices": 1, "state": "idle", "memory_bytes": 8 * 2**30,
-                                "device_kind": "cpu"}, new_token())
+        store.join_worker(
+            wid,
+            {
+                "host": "h1",
+                "address": "127.0.0.1",
+                "labels": {"host": "h1"},
+                "devices": 1,
+                "state": "idle",
+                "memory_bytes": 8 * 2**30,
+                "device_kind": "cpu",
+            },
+            new_token(),
+        )
         store.heartbeat(wid)
 
 
@@ -40,8 +50,14 @@ def beat(store: Store, *wids: str) -> None:
 
 
 def job_of(store: Store, name: str, owner: str = "alice", dp: int = 1) -> str:
-    spec = parse_spec({"name": name, "model": {"preset": "tiny"}, "parallel": {"dp": dp},
-                       "train": {"steps": 100, "global_batch": 12}})
+    spec = parse_spec(
+        {
+            "name": name,
+            "model": {"preset": "tiny"},
+            "parallel": {"dp": dp},
+            "train": {"steps": 100, "global_batch": 12},
+        }
+    )
     return submit(store, spec, owner).id
 
 
@@ -60,7 +76,9 @@ def holders(store: Store) -> dict[str, str]:
 
 
 def scheduler(store: Store, **cfg) -> tuple[Scheduler, str]:
-    return Scheduler(store, SchedulerConfig(worker_alive_s=30, **cfg), "ctl"), store.acquire_lease("ctl", 60)
+    return Scheduler(store, SchedulerConfig(worker_alive_s=30, **cfg), "ctl"), store.acquire_lease(
+        "ctl", 60
+    )
 
 
 def test_a_job_that_can_never_fit_does_not_block_a_smaller_one(store):
@@ -99,7 +117,9 @@ def test_a_big_job_that_fits_is_backfilled_past_then_reserves(store):
     sched.run_once(lease)
     assert holders(store) == {"w1": first, "w2": small}, "the late job must not take w3"
     msg = running(store, late)["message"]
-    assert running(store, late)["reason"] == "WaitingForCapacity" and f"queued behind job {big}" in msg, msg
+    assert (
+        running(store, late)["reason"] == "WaitingForCapacity" and f"queued behind job {big}" in msg
+    ), msg
 
 
 def test_an_unplaceable_job_never_reserves(store):

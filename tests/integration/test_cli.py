@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -16,19 +17,31 @@ from services.procs import free_port
 from tests.integration.conftest import ENV, ROOT, wait_until
 
 
-def meshkeeper(*args: str, url: str | None = None, timeout: float = 120, env: dict | None = None,
-               token: str | None = None):
+def meshkeeper(
+    *args: str,
+    url: str | None = None,
+    timeout: float = 120,
+    env: dict | None = None,
+    token: str | None = None,
+):
     """The CLI as a user runs it; `token` goes in MESHKEEPER_TOKEN, as a user exports it."""
-    argv = [sys.executable, "-m", "services.cli", *(["--url", url] if url else []), *args]
+    argv = [sys.executable, "-m", "cli", *(["--url", url] if url else []), *args]
     env = {**(env or ENV), **({"MESHKEEPER_TOKEN": token} if token else {})}
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def test_submit_bad_spec_prints_every_problem(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({"name": "x", "model": {"preset": "tiny", "heads": 3},
-                                   "parallel": {"dp": 2, "tp": 2},
-                                   "train": {"steps": 5, "global_batch": 15}}))
+    bad.write_text(
+        yaml.safe_dump(
+            {
+                "name": "x",
+                "model": {"preset": "tiny", "heads": 3},
+                "parallel": {"dp": 2, "tp": 2},
+                "train": {"steps": 5, "global_batch": 15},
+            }
+        )
+    )
     r = meshkeeper("submit", str(bad), url="http://127.0.0.1:9")  # never reached
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
@@ -45,7 +58,9 @@ def test_unreachable_controller_is_one_line():
 
 
 def test_unknown_job_is_one_line(stack):
-    r = meshkeeper("status", "no-such-job", url=stack.controller.url, token=stack.secrets.viewer_token)
+    r = meshkeeper(
+        "status", "no-such-job", url=stack.controller.url, token=stack.secrets.viewer_token
+    )
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "not found" in r.stderr
 
@@ -53,46 +68,42 @@ def test_unknown_job_is_one_line(stack):
 @pytest.mark.slow
 def test_submit_watch_status_workers(stack):
     token = stack.secrets.submitter_token
-    r = meshkeeper("submit", str(ROOT / "examples" / "tiny-1d.yaml"), "--watch", "--interval", "0.3",
-                   url=stack.controller.url, token=token)
+    r = meshkeeper(
+        "submit",
+        str(ROOT / "examples" / "tiny-1d.yaml"),
+        "--watch",
+        "--interval",
+        "0.3",
+        url=stack.controller.url,
+        token=token,
+    )
     assert r.returncode == 0, r.stderr + stack.logs()
     job = r.stdout.splitlines()[0]
     assert job.startswith("tiny-1d-")
     assert "step 30/30" in r.stdout and "Succeeded" in r.stdout
     assert "tok/s" in r.stdout and "ETA" in r.stdout
+    assert "\x1b" not in r.stdout and "\r" not in r.stdout  # a pipe: plain lines, no redraws
     status = meshkeeper("status", job, url=stack.controller.url, token=token)
     assert status.returncode == 0
-    assert "pp=0: r0@" in status.stdout and "Succeeded   True" in status.stdout
+    lines = [line.split() for line in status.stdout.splitlines()]
+    assert ["Succeeded", "True"] in [cells[:2] for cells in lines], status.stdout
+    # the mesh: one row per (dp, pp), one column per tp rank; dp=2 puts r0 and r1 in pp 0
+    assert re.search(r"^ +0 +0 +r0@w\d+:succeeded *$", status.stdout, re.M), status.stdout
+    assert re.search(r"^ +1 +0 +r1@w\d+:succeeded *$", status.stdout, re.M), status.stdout
     table = meshkeeper("status", url=stack.controller.url, token=token).stdout
     assert job in table
     workers = meshkeeper("workers", url=stack.controller.url, token=token).stdout
     assert all(f"w{i} " in workers for i in range(8))
 
 
-def descendants(pid: int) -> set[int]:
-    children: dict[int, set[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError):
-                continue
-            children.setdefault(ppid, set()).add(int(d.name))
-    out, todo = set(), [pid]
-    while todo:
-        for c in children.get(todo.pop(), ()):
-            out.add(c)
-            todo.append(c)
-    return out
-
-
-def alive(pids: set[int]) -> set[int]:
-    out = set()
-    for p in pids:
+def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """The ones still running (a zombie has exited: only its parent has not reaped it yet)."""
+    out = []
+    for p in procs:
         try:
-            if (Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z":
-                out.add(p)
-        except OSError:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
             pass
     return out
 
@@ -101,16 +112,41 @@ def alive(pids: set[int]) -> set[int]:
 def test_up_starts_the_stack_and_stops_it_completely(tmp_path, redis_server, own_redis):
     port = free_port()
     env = {**ENV, **({} if own_redis else {"REDIS_URL": redis_server.url})}
-    up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--workers", "2", "--warm", "0",
-                           "--port", str(port), "--run-dir", str(tmp_path / "run")],
-                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    up = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "up",
+            "--workers",
+            "2",
+            "--warm",
+            "0",
+            "--port",
+            str(port),
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         token = tmp_path / "run" / "secrets" / "api-token"  # up writes it before starting anything
         wait_until(token.exists, 30, f"{token}")
-        r = meshkeeper("ready", "--workers", "2", "--timeout", "60", url=f"http://127.0.0.1:{port}",
-                       env={**env, "MESHKEEPER_TOKEN_FILE": str(token)})
+        r = meshkeeper(
+            "ready",
+            "--workers",
+            "2",
+            "--timeout",
+            "60",
+            url=f"http://127.0.0.1:{port}",
+            env={**env, "MESHKEEPER_TOKEN_FILE": str(token)},
+        )
         assert r.returncode == 0, r.stderr
-        kids = descendants(up.pid)
+        kids = psutil.Process(up.pid).children(recursive=True)
         # the controller and two agents, plus redis-server unless REDIS_URL names one
         assert len(kids) == (4 if own_redis else 3), kids
         logs = {p.name for p in (tmp_path / "run" / "logs").iterdir()}

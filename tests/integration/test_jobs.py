@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import (WORKERS, process_groups_alive, tiny_spec, wait_phase,
-                                        wait_until)
+from tests.integration.conftest import (
+    WORKERS,
+    process_groups_alive,
+    tiny_spec,
+    wait_phase,
+    wait_until,
+)
 
 
 def rank0_losses(stack, job) -> list[float]:
@@ -31,7 +35,11 @@ def assert_succeeded(stack, job_id: str, spec: dict) -> None:
     assert (j.generation, j.restarts) == (1, 0)
     assert j.step == j.steps == spec["train"]["steps"]
     assert j.finished_at >= j.started_at >= j.submitted_at
-    assert j.mesh.shape.model_dump() == {"dp": p.get("dp", 1), "pp": p.get("pp", 1), "tp": p.get("tp", 1)}
+    assert j.mesh.shape.model_dump() == {
+        "dp": p.get("dp", 1),
+        "pp": p.get("pp", 1),
+        "tp": p.get("tp", 1),
+    }
     ranks = sorted(j.mesh.ranks, key=lambda r: r.rank)
     assert [r.rank for r in ranks] == list(range(world))
     assert all(r.state == "succeeded" and r.exit_code == 0 for r in ranks), ranks
@@ -65,8 +73,9 @@ def test_1d_job_succeeds_end_to_end(stack):
 
 @pytest.mark.slow
 def test_3d_job_succeeds_end_to_end(stack):
-    spec = tiny_spec("e2e-3d", parallel={"dp": 2, "pp": 2, "tp": 2, "microbatches": 2},
-                     train={"steps": 8})
+    spec = tiny_spec(
+        "e2e-3d", parallel={"dp": 2, "pp": 2, "tp": 2, "microbatches": 2}, train={"steps": 8}
+    )
     jid = stack.client.submit(spec).id
     wait_phase(stack.client, jid, ("Succeeded", "Failed", "Cancelled"), 240)
     assert_succeeded(stack, jid, spec)
@@ -85,8 +94,14 @@ def test_second_job_waits_for_capacity_then_runs(stack):
     assert len(j1.mesh.spares) == 3
     roles = {w.id: w.role for w in stack.client.workers() if w.job == first}
     assert sorted(roles.values()) == ["rank", "rank", "spare", "spare", "spare"]
-    j2 = wait_until(lambda: (j := stack.client.job(second)).condition("Running").reason
-                    == "WaitingForCapacity" and j, 10, "the second job to wait")
+    j2 = wait_until(
+        lambda: (
+            (j := stack.client.job(second)).condition("Running").reason == "WaitingForCapacity"
+            and j
+        ),
+        10,
+        "the second job to wait",
+    )
     assert j2.phase == "Pending"
     waiting = j2.condition("Running")
     assert (waiting.status, waiting.reason) == ("False", "WaitingForCapacity")
@@ -140,12 +155,16 @@ def test_cancel_stops_every_trainer_and_frees_workers(stack):
 
 def test_pending_job_can_be_cancelled(stack):
     # every worker but one held, so the 8-worker job waits (admission refuses one that never fits)
-    holder = stack.client.submit(tiny_spec("holder", fault_tolerance={"spares": 5},
-                                           train={"steps": 100000})).id
+    holder = stack.client.submit(
+        tiny_spec("holder", fault_tolerance={"spares": 5}, train={"steps": 100000})
+    ).id
     wait_phase(stack.client, holder, ("Running",), 60)
     jid = stack.client.submit(tiny_spec("later", parallel={"dp": 8}, train={"global_batch": 32})).id
-    wait_until(lambda: stack.client.job(jid).condition("Running").reason == "WaitingForCapacity",
-               10, "the job to wait for capacity")
+    wait_until(
+        lambda: stack.client.job(jid).condition("Running").reason == "WaitingForCapacity",
+        10,
+        "the job to wait for capacity",
+    )
     stack.client.cancel(jid)
     j = wait_phase(stack.client, jid, ("Cancelled",), 10)
     assert j.generation == 0 and j.mesh.ranks == []

@@ -27,22 +27,43 @@ def store(redis_server):
 
 def agent_up(store: Store, wid: str, state: str = "idle") -> None:
     """What the controller writes when an agent joins, plus a fresh heartbeat."""
-    store.join_worker(wid, {"host": "h1", "address": "127.0.0.1", "labels": {"host": "h1"},
-                            "devices": 1, "state": state}, new_token())
+    store.join_worker(
+        wid,
+        {
+            "host": "h1",
+            "address": "127.0.0.1",
+            "labels": {"host": "h1"},
+            "devices": 1,
+            "state": state,
+        },
+        new_token(),
+    )
     store.heartbeat(wid)
 
 
 def trainer_killed(store: Store, wid: str, job: str, generation: int) -> None:
     """The agent's progress report after its rank-0 trainer died of SIGKILL."""
-    store.write_progress(wid, {"job": job, "generation": generation, "state": "failed",
-                               "ranks": {"0": {"state": "failed", "exit_code": -9,
-                                               "exited_at": store.now()}}})
+    store.write_progress(
+        wid,
+        {
+            "job": job,
+            "generation": generation,
+            "state": "failed",
+            "ranks": {"0": {"state": "failed", "exit_code": -9, "exited_at": store.now()}},
+        },
+    )
 
 
-def one_worker_job(store: Store, name: str) -> str:
-    return submit(store, parse_spec({
-        "name": name, "model": {"preset": "tiny"}, "train": {"steps": 100, "global_batch": 2},
-        "fault_tolerance": {"spares": 0, "min_dp": 1}}), owner="tester").id
+def tiny_job(store: Store, name: str, dp: int = 1, **fault_tolerance) -> str:
+    """A tiny-model job of `dp` one-rank replicas, submitted as the API does."""
+    spec = {
+        "name": name,
+        "model": {"preset": "tiny"},
+        "parallel": {"dp": dp},
+        "train": {"steps": 100, "global_batch": 2 * dp},
+        "fault_tolerance": {"spares": 0, "min_dp": 1, **fault_tolerance},
+    }
+    return submit(store, parse_spec(spec), owner="tester").id
 
 
 def job(store: Store, jid: str) -> Job:
@@ -65,7 +86,7 @@ def test_pending_jobs_and_a_recovery_in_one_pass_never_share_a_worker(store):
     lease = store.acquire_lease("ctl", ttl_s=60)
     for wid in ("w1", "w2"):
         agent_up(store, wid)
-    a, r = one_worker_job(store, "a"), one_worker_job(store, "r")
+    a, r = tiny_job(store, "a"), tiny_job(store, "r")
     sched.run_once(lease)  # a on w1, r on w2
     assert owners(store, [a, r]) == {"w1": [a], "w2": [r]}
 
@@ -75,7 +96,7 @@ def test_pending_jobs_and_a_recovery_in_one_pass_never_share_a_worker(store):
         agent_up(store, wid, state="busy")
     trainer_killed(store, "w1", a, 1)
     sched.run_once(lease)
-    assert sched.awaiting_capacity(job(store, a))
+    assert job(store, a).awaiting_capacity
     assert not store.worker_assignment("w1")
 
     # The pass under test: a (pending again), r (its trainer killed now), p (new), and two
@@ -84,7 +105,7 @@ def test_pending_jobs_and_a_recovery_in_one_pass_never_share_a_worker(store):
     agent_up(store, "w1")
     agent_up(store, "w2", state="busy")
     agent_up(store, "w3")
-    p = one_worker_job(store, "p")
+    p = tiny_job(store, "p")
     sched.run_once(lease)
 
     held = owners(store, [a, r, p])
@@ -94,4 +115,7 @@ def test_pending_jobs_and_a_recovery_in_one_pass_never_share_a_worker(store):
         assert store.worker_assignment(wid).get("job") == jid, (wid, jid)
     assert held["w1"] == [a] and held["w3"] == [r]  # a restarted, r's rank moved w2 -> w3
     waiting = job(store, p)  # nothing left for p: it waits for capacity
-    assert waiting.phase == "Pending" and waiting.condition("Running")["reason"] == "WaitingForCapacity"
+    assert (
+        waiting.phase == "Pending"
+        and waiting.condition("Running")["reason"] == "WaitingForCapacity"
+    )

@@ -1,6 +1,7 @@
 """Heartbeat silence is judged against Redis's availability as the controller saw it (a real
-redis-server, a real `Scheduler`, one reconcile pass per 0.25 s as controller/service.py runs them, in real
-time: redis-server's uptime, which the availability record also reads, runs on it too).
+redis-server, a real `Scheduler`, one reconcile pass per 0.25 s as controller/service.py runs
+them, in real time: redis-server's uptime, which the availability record also reads, runs on
+it too).
 
 On one host a SIGSTOPped redis-server still queues the beats sent during the stall and stamps
 them when it resumes, so tests/chaos/test_redis_faults.py cannot tell a controller that
@@ -15,11 +16,10 @@ import time
 import pytest
 
 from controller.availability import RedisAvailability
-from controller.jobs import Job, submit
+from controller.jobs import Job
 from controller.scheduler import Scheduler, SchedulerConfig
-from services.spec import parse_spec
 from services.store import Store
-from tests.integration.test_scheduler_race import agent_up
+from tests.integration.test_scheduler_race import agent_up, tiny_job
 
 DEAD_AFTER_S = 2.0
 PASS_S = 0.25
@@ -38,8 +38,15 @@ class Controller:
     def __init__(self, store: Store):
         self.store = store
         self.availability = RedisAvailability()
-        self.sched = Scheduler(store, SchedulerConfig(worker_alive_s=30), "ctl",
-                               availability=self.availability)
+        self.sched = Scheduler(
+            # workers silent for dead_after_s are not placed on either: once the job has
+            # stopped for capacity it must not be re-placed on the silent workers (and judged
+            # dead a second time) within the same few passes
+            store,
+            SchedulerConfig(worker_alive_s=DEAD_AFTER_S),
+            "ctl",
+            availability=self.availability,
+        )
         self.lease = store.acquire_lease("ctl", ttl_s=600)
 
     def passes(self, seconds: float, before_each=lambda: None) -> None:
@@ -54,19 +61,29 @@ def training(store: Store, wid: str, jid: str) -> None:
     """A fresh beat and the agent's report of its rank training in generation 1."""
     store.heartbeat(wid, jid, 1)
     now = store.now()
-    store.write_progress(wid, {"job": jid, "generation": 1, "state": "running", "ranks": {
-        str(int(wid[1:]) - 1): {"state": "running", "step": 3, "first_step_at": now - 5,
-                                "progress_at": now}}})
+    store.write_progress(
+        wid,
+        {
+            "job": jid,
+            "generation": 1,
+            "state": "running",
+            "ranks": {
+                str(int(wid[1:]) - 1): {
+                    "state": "running",
+                    "step": 3,
+                    "first_step_at": now - 5,
+                    "progress_at": now,
+                }
+            },
+        },
+    )
 
 
 def test_silence_right_after_a_stall_is_not_death_but_steady_silence_is(store):
     ctl = Controller(store)
     for wid in ("w1", "w2"):
         agent_up(store, wid)
-    jid = submit(store, parse_spec({
-        "name": "silence", "model": {"preset": "tiny"}, "parallel": {"dp": 2},
-        "train": {"steps": 100, "global_batch": 4},
-        "fault_tolerance": {"spares": 0, "dead_after_s": DEAD_AFTER_S, "hang_after_s": 600}}), "t").id
+    jid = tiny_job(store, "silence", dp=2, dead_after_s=DEAD_AFTER_S, hang_after_s=600)
     ctl.passes(PASS_S)
     assert Job.from_hash(jid, store.job(jid)).generation == 1
     ctl.passes(3 * DEAD_AFTER_S, lambda: [training(store, w, jid) for w in ("w1", "w2")])
@@ -81,4 +98,4 @@ def test_silence_right_after_a_stall_is_not_death_but_steady_silence_is(store):
 
     ctl.passes(3 * PASS_S)  # now steady for dead_after_s, and the silence is real
     job = Job.from_hash(jid, store.job(jid))
-    assert job.restarts == 1 and [r["cause"] for r in job.recoveries] == ["WorkerDead"], job.recoveries
+    assert job.restarts == 1 and [r.cause for r in job.recoveries] == ["WorkerDead"], job.recoveries

@@ -19,8 +19,12 @@ def store(redis_server):
 
 def snapshot(store: Store) -> dict:
     """Every key with its type and content: what a refused transaction must leave as it was."""
-    dump = {"hash": store.r.hgetall, "string": store.r.get, "stream": lambda k: store.r.xrange(k),
-            "zset": lambda k: store.r.zrange(k, 0, -1, withscores=True)}
+    dump = {
+        "hash": store.r.hgetall,
+        "string": store.r.get,
+        "stream": lambda k: store.r.xrange(k),
+        "zset": lambda k: store.r.zrange(k, 0, -1, withscores=True),
+    }
     return {k: (store.r.type(k), dump[store.r.type(k)](k)) for k in store.r.keys("*")}
 
 
@@ -44,29 +48,56 @@ def test_lease_is_exclusive_and_fences_a_deposed_holder(store):
     assert store.lease_holder() == b
 
 
-def test_fenced_transaction_is_all_or_nothing_and_delete_if(store):
+def test_fenced_transaction_applies_every_command_and_delete_if_only_on_a_match(store):
     lease = store.acquire_lease("ctl", ttl_s=5)
     store.r.hset("t:p1", mapping={"job": "j1"})
     store.r.hset("t:p2", mapping={"job": "j2"})
     store.r.set("t:p3", "a string, as an older version wrote this pointer")
     big = {f"rank:{i}": i for i in range(1500)}  # more fields than one HSET chunk
-    store.commit(Tx().hset("t:big", big).delete_if("t:p1", "job", "j1")
-                 .delete_if("t:p2", "job", "j1").event("t:ev", {"reason": "Placed"})
-                 .delete("t:p3").hset("t:p3", {"job": "j1"}), lease)  # DEL makes room for the hash
+    store.commit(
+        Tx()
+        .hset("t:big", big)
+        .delete_if("t:p1", "job", "j1")
+        .delete_if("t:p2", "job", "j1")
+        .event("t:ev", {"reason": "Placed"})
+        .delete("t:p3")
+        .hset("t:p3", {"job": "j1"}),
+        lease,
+    )  # DEL makes room for the hash
     assert store.r.hlen("t:big") == 1500
     assert not store.r.exists("t:p1") and store.r.exists("t:p2")
     assert store.r.xlen("t:ev") == 1 and store.r.hgetall("t:p3") == {"job": "j1"}
 
-    # A command that would fail midway (WRONGTYPE: HSET on a string) refuses the whole
-    # transaction before its first write: the earlier HSET, DEL, XADD and ZREM are not applied.
+
+def test_a_refused_transaction_writes_nothing(store):
+    """A command that would fail midway (WRONGTYPE: HSET on a string) refuses the whole
+    transaction before its first write: none of the commands before it is applied, however
+    many (an HSET of three chunks, a matching DELIFEQ, DEL, XADD, ZREM, a new key)."""
+    lease = store.acquire_lease("ctl", ttl_s=5)
+    store.r.hset("t:big", mapping={"rank:0": "kept"})
+    store.r.hset("t:p1", mapping={"job": "j1"})
+    store.r.hset("t:p2", mapping={"job": "j2"})
     store.r.set("t:s", "plain string")
     store.r.zadd("t:z", {"j1": 1})
     before = snapshot(store)
-    tx = (Tx().hset("t:big", {"rank:0": "moved"}).delete("t:p2").event("t:ev", {"reason": "Lost"})
-          .zrem("t:z", "j1").hset("t:s", {"f": "v"}).hset("t:new", {"f": "v"}))
-    with pytest.raises(TxRefused, match=r"command 5 \(HSET t:s\): key t:s holds a string, HSET needs a hash"):
+    tx = (
+        Tx()
+        .hset("t:big", {f"rank:{i}": "moved" for i in range(1500)})
+        .delete_if("t:p1", "job", "j1")
+        .delete("t:p2")
+        .event("t:ev", {"reason": "Lost"})
+        .zrem("t:z", "j1")
+        .hset("t:new", {"f": "v"})
+        .hset("t:s", {"f": "v"})
+    )
+    with pytest.raises(
+        TxRefused,
+        match=r"command 9 \(HSET t:s\): key t:s holds a string, "
+        r"HSET needs a hash",
+    ):
         store.commit(tx, lease)
     assert snapshot(store) == before
+    assert not store.r.exists("t:new") and not store.r.exists("t:ev")
 
     with pytest.raises(TxRefused, match="t:z holds a zset, XADD needs a stream"):
         store.commit(Tx().hset("t:new", {"f": "v"}).event("t:z", {"reason": "x"}), lease)
@@ -92,7 +123,9 @@ def test_fenced_transaction_refuses_undeclared_keys_and_unknown_verbs(store):
         store.commit(tx, lease)
     tx = Tx().hset("t:a", {"v": "2"})
     tx.cmds.append(["HSET", "t:a", "field-without-value"])
-    with pytest.raises(TxRefused, match=r"command 2 \(HSET t:a\): wrong number or form of arguments"):
+    with pytest.raises(
+        TxRefused, match=r"command 2 \(HSET t:a\): wrong number or form of arguments"
+    ):
         store.commit(tx, lease)
     assert snapshot(store) == before
 

@@ -1,4 +1,4 @@
-"""The redis-server `meshkeeper up` runs (services/stack.py): AOF with fsync every second in its
+"""The redis-server `meshkeeper up` runs (cli/local_stack.py): AOF with fsync every second in its
 run dir, read back from the running server itself, and restarted by `up` from that AOF with
 every key intact after a SIGKILL; auth always on, with its secrets in `{run-dir}/secrets/`
 (0700, files 0600) and agent users that survive the restart. A real redis-server; no
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from services.stack import LocalStack, StackConfig, StackError, redis_argv
+from cli.local_stack import LocalStack, StackConfig, StackError, redis_argv
 from services.store import Store, agent_user, with_credentials
 from services.tokens import new_token, read_auth_file
 from tests.stack import wait_until
@@ -22,7 +22,7 @@ from tests.stack import wait_until
 
 def test_command_line_keeps_an_aof_in_the_run_dir(tmp_path):
     argv = redis_argv("/usr/bin/redis-server", 6390, tmp_path / "redis")
-    opts = dict(zip(argv[1::2], argv[2::2]))
+    opts = dict(zip(argv[1::2], argv[2::2], strict=True))
     assert opts["--appendonly"] == "yes"
     assert opts["--appendfsync"] == "everysec"
     assert opts["--dir"] == str(tmp_path / "redis")
@@ -66,7 +66,7 @@ def test_up_redis_runs_with_aof_and_comes_back_with_every_key(local):
 
 
 def test_up_gives_up_on_a_redis_that_keeps_dying(local, monkeypatch):
-    monkeypatch.setattr("services.stack.REDIS_RESTARTS", 1)
+    monkeypatch.setattr("cli.local_stack.REDIS_RESTARTS", 1)
     local._start_redis(20)
     local.procs["redis"].kill()
     local.procs["redis"].wait()
@@ -81,13 +81,23 @@ def test_up_generates_its_secrets_private_and_consistent(local):
     d = local.cfg.run_dir / "secrets"
     assert d.stat().st_mode & 0o777 == 0o700
     files = {p.name: p for p in d.iterdir()}
-    assert set(files) == {"api-token", "viewer-token", "scrape-token", "join-token", "redis-admin-password",
-                          "redis-controller-password", "auth.json"}
+    assert set(files) == {
+        "api-token",
+        "viewer-token",
+        "scrape-token",
+        "join-token",
+        "redis-admin-password",
+        "redis-controller-password",
+        "auth.json",
+    }
     assert {n: p.stat().st_mode & 0o777 for n, p in files.items()} == dict.fromkeys(files, 0o600)
     assert files["api-token"].read_text().strip() == local.secrets.admin_token
     auth = read_auth_file(files["auth.json"])  # hashes only: no plaintext token in it
-    assert {(t.name, t.role) for t in auth.tokens} == {("admin", "admin"), ("viewer", "viewer"),
-                                                        ("prometheus", "scrape")}
+    assert {(t.name, t.role) for t in auth.tokens} == {
+        ("admin", "admin"),
+        ("viewer", "viewer"),
+        ("prometheus", "scrape"),
+    }
     assert auth.join_sha256 and local.secrets.join_token not in files["auth.json"].read_text()
 
 
@@ -101,7 +111,9 @@ def test_up_redis_requires_auth_and_keeps_agent_users_and_transactions_across_a_
         redis.Redis(port=port, password=local.secrets.redis_admin_password, socket_timeout=2).ping()
     ctl = Store(local.controller_redis_url)
     password = new_token()
-    ctl.join_worker("w0", {"host": "h", "address": "127.0.0.1", "devices": 1, "state": "idle"}, password)
+    ctl.join_worker(
+        "w0", {"host": "h", "address": "127.0.0.1", "devices": 1, "state": "idle"}, password
+    )
     ctl.close()
     agent_url = with_credentials(f"redis://127.0.0.1:{port}/0", agent_user("w0"), password)
     old = local.procs["redis"].pid

@@ -14,11 +14,16 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from services.spec import ModelSpec
-from worker.model import build_model, rope_tables
+from worker.trainer.model import build_model, rope_tables
 
 PLANS = {
     "mlp": {"gate": ColwiseParallel(), "up": ColwiseParallel(), "down": RowwiseParallel()},
-    "attention": {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "o": RowwiseParallel()},
+    "attention": {
+        "q": ColwiseParallel(),
+        "k": ColwiseParallel(),
+        "v": ColwiseParallel(),
+        "o": RowwiseParallel(),
+    },
 }
 
 
@@ -37,13 +42,24 @@ def main() -> None:
         out_ref.square().sum().backward()
         out_tp.square().sum().backward()
         grads = {}
-        for (n, p_ref), (_, p_tp) in zip(ref.named_parameters(), tp.named_parameters()):
+        for (n, p_ref), (_, p_tp) in zip(
+            ref.named_parameters(), tp.named_parameters(), strict=True
+        ):
             g = p_tp.grad.full_tensor() if isinstance(p_tp.grad, DTensor) else p_tp.grad
             grads[n] = float((g - p_ref.grad).norm())
         sharded = all(isinstance(p, DTensor) for p in tp.parameters())
         if dist.get_rank() == 0:
-            print(json.dumps({"block": name, "out_l2": float((out_tp - out_ref).norm()),
-                              "grad_l2": grads, "sharded": sharded, "grad_scale": float(out_ref.norm())}))
+            print(
+                json.dumps(
+                    {
+                        "block": name,
+                        "out_l2": float((out_tp - out_ref).norm()),
+                        "grad_l2": grads,
+                        "sharded": sharded,
+                        "grad_scale": float(out_ref.norm()),
+                    }
+                )
+            )
     dist.destroy_process_group()
 
 

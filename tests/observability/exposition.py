@@ -9,9 +9,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 # The series names each metric type exposes (the parser strips _total from counter names);
 # _created is left out: not every family has it, so no query may rely on it.
-SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"),
-            "summary": ("", "_count", "_sum"), "gauge": ("",), "unknown": ("",),
-            "info": ("_info",), "stateset": ("",), "gaugehistogram": ("_bucket", "_gcount", "_gsum")}
+SUFFIXES = {
+    "counter": ("_total",),
+    "histogram": ("_bucket", "_count", "_sum"),
+    "summary": ("", "_count", "_sum"),
+    "gauge": ("",),
+    "unknown": ("",),
+    "info": ("_info",),
+    "stateset": ("",),
+    "gaugehistogram": ("_bucket", "_gcount", "_gsum"),
+}
 
 
 def families(text: str) -> dict:
@@ -26,8 +33,12 @@ def series_names(text: str) -> set[str]:
 
 def samples(text: str, name: str, **labels: str) -> list:
     """Samples called `name` whose labels include `labels`."""
-    return [s for f in families(text).values() for s in f.samples
-            if s.name == name and labels.items() <= s.labels.items()]
+    return [
+        s
+        for f in families(text).values()
+        for s in f.samples
+        if s.name == name and labels.items() <= s.labels.items()
+    ]
 
 
 def value(text: str, name: str, **labels: str) -> float:
@@ -38,7 +49,9 @@ def value(text: str, name: str, **labels: str) -> float:
 
 def check_metrics(promtool: str, text: str) -> None:
     """promtool's linter: exit 0 and no finding."""
-    out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0 and not out.stdout.strip() and not out.stderr.strip(), (
-        f"promtool check metrics: exit {out.returncode}\n{out.stdout}{out.stderr}")
+        f"promtool check metrics: exit {out.returncode}\n{out.stdout}{out.stderr}"
+    )

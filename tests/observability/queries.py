@@ -12,8 +12,11 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 # Rule files are the YAML files with top-level `groups` (what Helm's PrometheusRule takes too).
-RULE_FILES = sorted(f for f in (ROOT / "deploy" / "prometheus").rglob("*.y*ml")
-                    if "groups" in (yaml.safe_load(f.read_text()) or {}))
+RULE_FILES = sorted(
+    f
+    for f in (ROOT / "deploy" / "prometheus").rglob("*.y*ml")
+    if "groups" in (yaml.safe_load(f.read_text()) or {})
+)
 DASHBOARDS = sorted((ROOT / "deploy" / "grafana" / "dashboards").glob("*.json"))
 LABEL_VALUES = re.compile(r"^label_values\((?P<expr>.+),\s*\w+\)$")
 
@@ -43,7 +46,9 @@ def dashboard_expressions() -> dict[str, str]:
                 out[f"{f.name}: panel {p['title']!r} {t['refId']}"] = grafana_to_promql(t["expr"])
         for v in dash.get("templating", {}).get("list", []):
             if v["type"] == "query":  # label_values(SELECTOR, LABEL): the selector is PromQL
-                m = LABEL_VALUES.match(v["query"]["query"] if isinstance(v["query"], dict) else v["query"])
+                m = LABEL_VALUES.match(
+                    v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
+                )
                 assert m, f"{f.name}: variable {v['name']}: not label_values(selector, label)"
                 out[f"{f.name}: variable {v['name']}"] = grafana_to_promql(m["expr"])
     return out
@@ -52,6 +57,8 @@ def dashboard_expressions() -> dict[str, str]:
 def metric_names(expr: str) -> set[str]:
     """The metric of every selector in `expr`, from a real PromQL parser's syntax tree."""
     names: set[str] = set()
-    promql_parser.walk(promql_parser.parse(expr),
-                       lambda n: names.add(n.name) if isinstance(n, promql_parser.VectorSelector) else None)
+    promql_parser.walk(
+        promql_parser.parse(expr),
+        lambda n: names.add(n.name) if isinstance(n, promql_parser.VectorSelector) else None,
+    )
     return names

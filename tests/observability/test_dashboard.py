@@ -35,15 +35,28 @@ def test_every_query_takes_the_data_source_from_the_variable():
 
 def test_the_panels_the_issue_asks_for():
     by_title = {p["title"]: p for p in PANELS}
-    for title in ("Throughput", "Loss", "Step time per rank", "Ranks by state", "Restarts by cause",
-                  "Recovery and detection time", "Recovery phases (p90, last 6h)", "Checkpoint age",
-                  "Goodput", "MFU", "Trainer memory per rank", "Compute vs collective wait"):
+    for title in (
+        "Throughput",
+        "Loss",
+        "Step time per rank",
+        "Ranks by state",
+        "Restarts by cause",
+        "Recovery and detection time",
+        "Recovery phases (p90, last 6h)",
+        "Checkpoint age",
+        "Goodput",
+        "MFU",
+        "Trainer memory per rank",
+        "Compute vs collective wait",
+    ):
         assert title in by_title, f"no {title!r} panel"
     heat = by_title["Step time per rank"]
     assert heat["type"] == "heatmap"
-    # per rank from a gauge: histograms carry no rank label (DESIGN.md section 8)
-    assert all("meshkeeper_rank_step_seconds" in t["expr"] and "_bucket" not in t["expr"]
-               for t in heat["targets"])
+    # per rank from a gauge: histograms carry no rank label (docs/architecture.md, "Observability")
+    assert all(
+        "meshkeeper_rank_step_seconds" in t["expr"] and "_bucket" not in t["expr"]
+        for t in heat["targets"]
+    )
 
 
 def test_panels_have_unique_ids_and_do_not_overlap():
@@ -61,10 +74,16 @@ def test_panels_have_unique_ids_and_do_not_overlap():
 
 def test_provisioning_matches_the_compose_mounts():
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    mounts = dict(v.split(":")[:2] for v in compose["services"]["grafana"]["volumes"] if v.startswith("./"))
+    mounts = dict(
+        v.split(":")[:2] for v in compose["services"]["grafana"]["volumes"] if v.startswith("./")
+    )
     assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
-    [provider] = yaml.safe_load((GRAFANA / "provisioning" / "dashboards" / "meshkeeper.yml").read_text())["providers"]
+    [provider] = yaml.safe_load(
+        (GRAFANA / "provisioning" / "dashboards" / "meshkeeper.yml").read_text()
+    )["providers"]
     assert mounts["./deploy/grafana/dashboards"] == provider["options"]["path"]
-    [ds] = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text())["datasources"]
+    [ds] = yaml.safe_load(
+        (GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text()
+    )["datasources"]
     assert ds["type"] == "prometheus" and ds["url"] == "http://prometheus:9090"
     assert "prometheus" in compose["services"]

@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 
 from services.spec import PRESETS, ModelSpec
-from worker import mfu, model
+from worker import mfu
+from worker.trainer import model
 
 SHAPES = [{"preset": p} for p in PRESETS] + [
-    {"layers": 3, "d_model": 96, "heads": 6, "vocab": 500, "seq_len": 40, "ffn_hidden": 200}]
+    {"layers": 3, "d_model": 96, "heads": 6, "vocab": 500, "seq_len": 40, "ffn_hidden": 200}
+]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.get("preset", "explicit"))

@@ -26,7 +26,9 @@ def test_every_expression_parses_in_promtool(promtool, tmp_path):
     rules = [{"record": rec, "expr": EXPRESSIONS[where]} for rec, where in names.items()]
     path = tmp_path / "expressions.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "expressions", "rules": rules}]}))
-    out = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
     report = out.stdout + out.stderr
     for rec, where in names.items():  # name the panel or alert, not the generated rule
         report = report.replace(rec, where)
@@ -36,9 +38,21 @@ def test_every_expression_parses_in_promtool(promtool, tmp_path):
 def test_a_broken_expression_is_caught(promtool, tmp_path):
     """The check above can fail: promtool rejects what Prometheus would."""
     path = tmp_path / "bad.yml"
-    path.write_text(yaml.safe_dump({"groups": [{"name": "bad", "rules": [
-        {"record": "check:bad", "expr": "sum by (le (rate(x[5m]))"}]}]}))
-    out = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "groups": [
+                    {
+                        "name": "bad",
+                        "rules": [{"record": "check:bad", "expr": "sum by (le (rate(x[5m]))"}],
+                    }
+                ]
+            }
+        )
+    )
+    out = subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode != 0
 
 
@@ -55,5 +69,7 @@ def test_every_expression_names_only_exposed_series(where, exposed):
     names = metric_names(EXPRESSIONS[where])
     assert names, f"{where}: no metric selector in {EXPRESSIONS[where]!r}"
     unknown = sorted(n for n in names if n not in exposed)
-    assert not unknown, (f"{where} names {unknown}, which no scrape exposes; exposed meshkeeper "
-                         f"series: {sorted(n for n in exposed if re.match('meshkeeper_', n))}")
+    assert not unknown, (
+        f"{where} names {unknown}, which no scrape exposes; exposed meshkeeper "
+        f"series: {sorted(n for n in exposed if re.match('meshkeeper_', n))}"
+    )

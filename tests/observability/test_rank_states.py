@@ -6,16 +6,33 @@ from __future__ import annotations
 
 from controller.jobs import Job
 from controller.metrics_jobs import rank_state
+from services.api import RankStatus
+from services.records import StragglerFlag
+from services.spec import parse_spec
+
+SPEC = parse_spec(
+    {"name": "j", "model": {"preset": "tiny"}, "train": {"steps": 10, "global_batch": 2}}
+)
 
 
-def job(flagged: dict, generation: int = 2) -> Job:
-    return Job(id="j", name="j", spec={}, generation=generation, flagged=flagged)
+def job(flag: StragglerFlag | None, generation: int = 2) -> Job:
+    return Job(id="j", name="j", spec=SPEC, generation=generation, straggler=flag)
+
+
+def rank(n: int, state: str) -> RankStatus:
+    return RankStatus(
+        rank=n, state=state, coord={"dp": n, "pp": 0, "tp": 0}, worker=f"w{n}", local_rank=0
+    )
+
+
+def flag(n: int, generation: int) -> StragglerFlag:
+    return StragglerFlag(rank=n, worker=f"w{n}", generation=generation)
 
 
 def test_a_flagged_running_rank_is_a_straggler_in_its_generation_only():
-    running = {"rank": 3, "state": "running"}
-    assert rank_state(running, job({"rank": 3, "worker": "w3", "generation": 2})) == "straggler"
-    assert rank_state(running, job({"rank": 3, "worker": "w3", "generation": 1})) == "running"
-    assert rank_state(running, job({"rank": 1, "worker": "w1", "generation": 2})) == "running"
-    assert rank_state({"rank": 3, "state": "failed"}, job({"rank": 3, "generation": 2})) == "failed"
-    assert rank_state(running, job({})) == "running"
+    running = rank(3, "running")
+    assert rank_state(running, job(flag(3, 2))) == "straggler"
+    assert rank_state(running, job(flag(3, 1))) == "running"
+    assert rank_state(running, job(flag(1, 2))) == "running"
+    assert rank_state(rank(3, "failed"), job(flag(3, 2))) == "failed"
+    assert rank_state(running, job(None)) == "running"

@@ -20,8 +20,13 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 
 def alert_names() -> set[str]:
-    return {r["alert"] for f in RULE_FILES for g in yaml.safe_load(f.read_text())["groups"]
-            for r in g["rules"] if "alert" in r}
+    return {
+        r["alert"]
+        for f in RULE_FILES
+        for g in yaml.safe_load(f.read_text())["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    }
 
 
 def test_rule_files_load(promtool):
@@ -37,9 +42,20 @@ def test_alert_unit_tests_pass(promtool):
 
 def test_every_alert_has_a_unit_test_that_fires_it():
     doc = yaml.safe_load(UNIT_TESTS.read_text())
-    fired = {t["alertname"] for case in doc["tests"] for t in case["alert_rule_test"] if t.get("exp_alerts")}
-    wanted = {"MeshkeeperRankDead", "MeshkeeperStraggler", "MeshkeeperNoProgress",
-              "MeshkeeperCheckpointTooOld", "MeshkeeperRecoverySlow", "MeshkeeperRestartBudgetNearlySpent"}
+    fired = {
+        t["alertname"]
+        for case in doc["tests"]
+        for t in case["alert_rule_test"]
+        if t.get("exp_alerts")
+    }
+    wanted = {
+        "MeshkeeperRankDead",
+        "MeshkeeperStraggler",
+        "MeshkeeperNoProgress",
+        "MeshkeeperCheckpointTooOld",
+        "MeshkeeperRecoverySlow",
+        "MeshkeeperRestartBudgetNearlySpent",
+    }
     assert wanted <= alert_names(), f"missing alerts: {wanted - alert_names()}"
     assert alert_names() <= fired, f"alerts no unit test fires: {alert_names() - fired}"
 
@@ -49,7 +65,9 @@ def test_unit_tests_load_the_shipped_rules():
     assert {(UNIT_TESTS.parent / f).resolve() for f in doc["rule_files"]} == set(RULE_FILES)
 
 
-def test_prometheus_config_is_valid_and_discovers_workers_through_the_controller(promtool, tmp_path):
+def test_prometheus_config_is_valid_and_discovers_workers_through_the_controller(
+    promtool, tmp_path
+):
     # promtool opens the scrape token's credentials_file, which exists only in a deployment:
     # check a copy that points at a real file instead
     shutil.copytree(CONFIG.parent, tmp_path / "prometheus")

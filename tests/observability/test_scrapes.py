@@ -7,29 +7,38 @@ from __future__ import annotations
 import json
 import subprocess
 
-from tests.stack import tiny_spec, wait_until
 from tests.observability.exposition import check_metrics, families, samples, value
+from tests.stack import tiny_spec, wait_until
 
-AGENT_RANK_GAUGES = ("meshkeeper_rank_step_seconds", "meshkeeper_rank_compute_seconds",
-                     "meshkeeper_rank_collective_wait_seconds", "meshkeeper_rank_resident_memory_bytes",
-                     "meshkeeper_train_mfu_ratio")
+AGENT_RANK_GAUGES = (
+    "meshkeeper_rank_step_seconds",
+    "meshkeeper_rank_compute_seconds",
+    "meshkeeper_rank_collective_wait_seconds",
+    "meshkeeper_rank_resident_memory_bytes",
+    "meshkeeper_train_mfu_ratio",
+)
 
 
 def test_running_job_scrapes_pass_promtool_and_drop_the_job_when_it_ends(obs, promtool):
-    job = obs.client.submit(tiny_spec("obs-scrape", train={"steps": 40},
-                                      checkpoint={"every_steps": 10})).id
+    job = obs.client.submit(
+        tiny_spec("obs-scrape", train={"steps": 40}, checkpoint={"every_steps": 10})
+    ).id
     status = wait_until(lambda: (j := obs.client.job(job)).mesh.ranks and j, 60, "ranks placed")
     worker = next(r.worker for r in status.mesh.ranks if r.rank == 0)
 
     def rank_gauges():
         text = obs.scrape(worker)
-        return text if all(samples(text, n, job_id=job, rank="0") for n in AGENT_RANK_GAUGES) else None
+        return (
+            text if all(samples(text, n, job_id=job, rank="0") for n in AGENT_RANK_GAUGES) else None
+        )
+
     agent = wait_until(rank_gauges, 90, f"rank 0's gauges on {worker}")
 
     def both_running():
         text = obs.scrape_controller()
         running = samples(text, "meshkeeper_ranks", job_id=job, state="running")
         return text if running and running[0].value == 2 else None
+
     ctl = wait_until(both_running, 60, "the controller to count both ranks running")
     check_metrics(promtool, agent)
     check_metrics(promtool, ctl)
@@ -49,22 +58,49 @@ def test_running_job_scrapes_pass_promtool_and_drop_the_job_when_it_ends(obs, pr
     assert 0 < value(ctl, "meshkeeper_goodput_ratio", job_id=job) <= 1
 
     wait_until(lambda: obs.client.job(job).phase == "Succeeded", 180, f"job {job} to succeed")
-    wait_until(lambda: f'job_id="{job}"' not in obs.scrape_controller(), 10,
-               "the controller to drop the ended job's series")
-    wait_until(lambda: f'job_id="{job}"' not in obs.scrape(worker), 20,
-               "the agent to drop the ended job's series")
+    wait_until(
+        lambda: f'job_id="{job}"' not in obs.scrape_controller(),
+        10,
+        "the controller to drop the ended job's series",
+    )
+    wait_until(
+        lambda: f'job_id="{job}"' not in obs.scrape(worker),
+        20,
+        "the agent to drop the ended job's series",
+    )
 
 
 def test_http_service_discovery_lists_every_agent_for_prometheus(obs, promtool, tmp_path):
     """promtool runs Prometheus' own HTTP SD against the controller, with the scrape token as
     deployed: every agent is a target, with its worker id, at the port it serves metrics on."""
     config = tmp_path / "prometheus.yml"
-    config.write_text(json.dumps({"scrape_configs": [{
-        "job_name": "meshkeeper-worker",
-        "http_sd_configs": [{"url": f"{obs.controller.url}/v1/sd/workers", "refresh_interval": "5s",
-                             "authorization": {"type": "Bearer", "credentials": obs.secrets.scrape_token}}]}]}))
-    out = subprocess.run([promtool, "check", "service-discovery", str(config), "meshkeeper-worker",
-                          "--timeout=3s"], capture_output=True, text=True, timeout=60)
+    config.write_text(
+        json.dumps(
+            {
+                "scrape_configs": [
+                    {
+                        "job_name": "meshkeeper-worker",
+                        "http_sd_configs": [
+                            {
+                                "url": f"{obs.controller.url}/v1/sd/workers",
+                                "refresh_interval": "5s",
+                                "authorization": {
+                                    "type": "Bearer",
+                                    "credentials": obs.secrets.scrape_token,
+                                },
+                            }
+                        ],
+                    }
+                ]
+            }
+        )
+    )
+    out = subprocess.run(
+        [promtool, "check", "service-discovery", str(config), "meshkeeper-worker", "--timeout=3s"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     found = {t["labels"]["worker"]: t["labels"]["__address__"] for t in json.loads(out.stdout)}
     assert found == {w: f"127.0.0.1:{p}" for w, p in obs.metrics_ports.items()}

@@ -13,21 +13,40 @@ from tests.stack import Controller, Proc, RedisServer, TestSecrets, agent_argv, 
 
 
 class SmallPool:
-    def __init__(self, work: Path, agents: int, controller_flags: list[str] = (),
-                 agent_flags: list[str] = ()):
+    def __init__(
+        self, work: Path, agents: int, controller_flags: list[str] = (), agent_flags: list[str] = ()
+    ):
         self.work = work
         self.secrets = TestSecrets.create(work / "secrets")
         self.redis = RedisServer(work / "redis", self.secrets)
         self.redis.work.mkdir(parents=True)
         self.redis.start()
-        self.controller = Controller(self.redis.controller_url, work / "logs", "controller",
-                                     self.secrets, extra=list(controller_flags))
-        self.agents = [Proc(f"agent-p{i}", [*agent_argv(self.controller.url, self.secrets, f"p{i}", work),
-                                            "--warm", "0", *agent_flags], work / "logs")
-                       for i in range(agents)]
+        self.controller = Controller(
+            self.redis.controller_url,
+            work / "logs",
+            "controller",
+            self.secrets,
+            extra=list(controller_flags),
+        )
+        self.agents = [
+            Proc(
+                f"agent-p{i}",
+                [
+                    *agent_argv(self.controller.url, self.secrets, f"p{i}", work),
+                    "--warm",
+                    "0",
+                    *agent_flags,
+                ],
+                work / "logs",
+            )
+            for i in range(agents)
+        ]
         self.client = self.client_as(self.secrets.admin_token)
-        wait_until(lambda: sum(w.alive for w in self.client.workers()) == agents, 60,
-                   f"{agents} agents to join")
+        wait_until(
+            lambda: sum(w.alive for w in self.client.workers()) == agents,
+            60,
+            f"{agents} agents to join",
+        )
 
     def client_as(self, token: str) -> Client:
         return Client(self.controller.url, token, timeout=10)

@@ -15,7 +15,9 @@ from tests.stack import tiny_spec
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
-    p = SmallPool(tmp_path_factory.mktemp("admission"), 2, controller_flags=["--quota", "submitter=1"])
+    p = SmallPool(
+        tmp_path_factory.mktemp("admission"), 2, controller_flags=["--quota", "submitter=1"]
+    )
     yield p
     p.close()
 
@@ -30,8 +32,12 @@ def refused(pool: SmallPool, spec: dict, token: str | None = None) -> list[dict]
 
 def test_a_70b_job_on_the_cpu_pool_gets_422(pool):
     for parallel in ({"dp": 1}, {"dp": 2, "zero": 3, "microbatches": 1}):
-        spec = {"name": "big", "model": {"preset": "70b"}, "parallel": parallel,
-                "train": {"steps": 10, "global_batch": 2}}
+        spec = {
+            "name": "big",
+            "model": {"preset": "70b"},
+            "parallel": parallel,
+            "train": {"steps": 10, "global_batch": 2},
+        }
         problems = refused(pool, spec)
         assert [p["field"] for p in problems] == ["model.preset"], problems
         msg = problems[0]["message"]
@@ -61,9 +67,16 @@ def test_a_job_that_fits_is_admitted(pool):
 
 def test_the_estimate_shrinks_with_sharding():
     """The first-order estimate follows the spec's knobs the messages suggest turning."""
+
     def need(**parallel) -> int:
-        spec = parse_spec({"name": "m", "model": {"preset": "8b"}, "parallel": parallel,
-                           "train": {"steps": 1, "global_batch": 8}})
+        spec = parse_spec(
+            {
+                "name": "m",
+                "model": {"preset": "8b"},
+                "parallel": parallel,
+                "train": {"steps": 1, "global_batch": 8},
+            }
+        )
         return rank_memory(spec).total - RUNTIME_B
 
     base = need(dp=1, zero=3)

@@ -21,8 +21,14 @@ from services import discovery
 from services.store import Store, agent_user
 from tests.stack import ApiStack, Proc, agent_argv, tiny_spec, wait_until
 
-BODY = {"host": "h1", "address": "127.0.0.1", "devices": 1, "memory_bytes": 1 << 30,
-        "device_kind": "cpu", "pid": 4242}
+BODY = {
+    "host": "h1",
+    "address": "127.0.0.1",
+    "devices": 1,
+    "memory_bytes": 1 << 30,
+    "device_kind": "cpu",
+    "pid": 4242,
+}
 
 
 @pytest.fixture
@@ -34,22 +40,32 @@ def admin(api):
 
 def raw(url: str) -> redis.Redis:
     """A client that fails at once (no reconnect retries): refusals are what is tested."""
-    return redis.Redis.from_url(url, decode_responses=True, socket_timeout=3, retry=Retry(NoBackoff(), 0))
+    return redis.Redis.from_url(
+        url, decode_responses=True, socket_timeout=3, retry=Retry(NoBackoff(), 0)
+    )
 
 
 def join(api: ApiStack, wid: str, token: str | None) -> httpx.Response:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.post(api.url + "/v1/agents/join", json={"id": wid, **BODY}, headers=headers, timeout=10)
+    return httpx.post(
+        api.url + "/v1/agents/join", json={"id": wid, **BODY}, headers=headers, timeout=10
+    )
 
 
 def agent(api: ApiStack, wid: str, work) -> Proc:
-    return Proc(f"agent-{wid}", [*agent_argv(api.url, api.secrets, wid, work), "--warm", "0"], work / "logs")
+    return Proc(
+        f"agent-{wid}", [*agent_argv(api.url, api.secrets, wid, work), "--warm", "0"], work / "logs"
+    )
 
 
 def test_redis_refuses_an_unauthenticated_connection(api):
-    for url in (api.redis.anonymous_url,  # the default user is off
-                api.redis.anonymous_url.replace("redis://", "redis://admin:wrong@"),
-                api.redis.anonymous_url.replace("redis://", f"redis://default:{api.secrets.redis_admin_password}@")):
+    for url in (
+        api.redis.anonymous_url,  # the default user is off
+        api.redis.anonymous_url.replace("redis://", "redis://admin:wrong@"),
+        api.redis.anonymous_url.replace(
+            "redis://", f"redis://default:{api.secrets.redis_admin_password}@"
+        ),
+    ):
         with pytest.raises(redis.AuthenticationError):
             raw(url).set("mk:worker:evil", "x")
     assert raw(api.redis.url).ping()  # the admin user, as a control
@@ -69,9 +85,27 @@ def test_a_join_without_the_join_token_is_refused_and_writes_nothing(api, admin,
 def test_an_agent_process_without_the_join_token_exits_and_is_not_listed(api, tmp_path):
     bad = tmp_path / "join-token"
     bad.write_text("guessed")
-    p = Proc("agent-guess", [sys.executable, "-m", "worker", "--controller", api.url, "--join-token-file",
-                             str(bad), "--id", "guess", "--warm", "0", "--metrics-port", "0",
-                             "--run-dir", str(tmp_path / "w")], tmp_path)
+    p = Proc(
+        "agent-guess",
+        [
+            sys.executable,
+            "-m",
+            "worker",
+            "--controller",
+            api.url,
+            "--join-token-file",
+            str(bad),
+            "--id",
+            "guess",
+            "--warm",
+            "0",
+            "--metrics-port",
+            "0",
+            "--run-dir",
+            str(tmp_path / "w"),
+        ],
+        tmp_path,
+    )
     assert p.p.wait(30) != 0
     assert "refused the join (401)" in p.tail()
     with api.controller.client() as c:
@@ -84,7 +118,11 @@ def test_a_join_registers_the_worker_and_gives_it_its_own_redis_user(api, admin)
     url = r.json()["redis_url"]
     assert url.startswith(f"redis://{agent_user('wa')}:") and r.json()["prefix"] == "mk:"
     reg = admin.workers(["wa"])["wa"]
-    assert reg["address"] == "127.0.0.1" and reg["device_kind"] == "cpu" and float(reg["joined_at"]) > 0
+    assert (
+        reg["address"] == "127.0.0.1"
+        and reg["device_kind"] == "cpu"
+        and float(reg["joined_at"]) > 0
+    )
     me = Store(url)
     try:  # everything an agent does (worker/agent.py) is allowed ...
         me.heartbeat("wa")  # its own keys, through the heartbeat script
@@ -102,14 +140,20 @@ def test_a_join_registers_the_worker_and_gives_it_its_own_redis_user(api, admin)
         # ... and nothing else
         denied = [
             lambda: me.r.hset(admin.keys.worker("wb"), "address", "10.6.6.6"),  # another worker
-            lambda: me.r.hset(admin.keys.worker("wa-forged"), "joined_at", "1"),  # a name sharing its prefix
-            lambda: me.r.hset(admin.keys.worker_assignment("wa"), "job", "j"),  # its pointer is the controller's
+            lambda: me.r.hset(
+                admin.keys.worker("wa-forged"), "joined_at", "1"
+            ),  # a name sharing its prefix
+            lambda: me.r.hset(
+                admin.keys.worker_assignment("wa"), "job", "j"
+            ),  # its pointer is the controller's
             lambda: me.r.hset(admin.keys.job("j"), "generation", "9"),
             lambda: me.r.set("mk:controller:lease", "me:1"),
             lambda: me.r.execute_command("ACL", "SETUSER", "agent-wa", "~*"),
             lambda: me.r.flushall(),
             lambda: me.heartbeat("wb"),  # the script writes worker:wb: refused inside it
-            lambda: me.commit_checkpoint("j", 1, 10, "/ck", wid="wb"),  # reads another worker's pointer
+            lambda: me.commit_checkpoint(
+                "j", 1, 10, "/ck", wid="wb"
+            ),  # reads another worker's pointer
         ]
         for i, attempt in enumerate(denied):
             with pytest.raises(redis.ResponseError, match="(?i)permission|can't access|NOPERM"):
@@ -126,8 +170,11 @@ def test_a_join_registers_the_worker_and_gives_it_its_own_redis_user(api, admin)
 def test_bootstrap_never_hands_out_credentials(api):
     r = httpx.get(api.url + "/v1/agent/bootstrap", timeout=10)
     assert r.status_code == 401 and "redis" not in r.text.lower()
-    r = httpx.get(api.url + "/v1/agent/bootstrap", headers={"Authorization": f"Bearer {api.secrets.admin_token}"},
-                  timeout=10)
+    r = httpx.get(
+        api.url + "/v1/agent/bootstrap",
+        headers={"Authorization": f"Bearer {api.secrets.admin_token}"},
+        timeout=10,
+    )
     assert r.json()["redis_url"] == api.redis.anonymous_url  # where Redis is; no user, no password
 
 
@@ -145,10 +192,18 @@ def test_a_forged_worker_is_never_given_a_rank(api, admin, tmp_path):
         wait_until(lambda: not any(w.alive for w in client.workers()), 30, "no live worker")
         jid = client.submit(tiny_spec("forged-target")).id  # dp 2: two ranks
         procs.append(agent(api, "w1", tmp_path))
-        wait_until(lambda: any(w.id == "w1" and w.alive for w in client.workers()), 60, "w1 to join")
+        wait_until(
+            lambda: any(w.id == "w1" and w.alive for w in client.workers()), 60, "w1 to join"
+        )
         r = join(api, "wz", api.secrets.join_token)
         as_wz = raw(r.json()["redis_url"])
-        forged = {"host": "h9", "address": "10.6.6.6", "devices": 1, "state": "idle", "joined_at": "1"}
+        forged = {
+            "host": "h9",
+            "address": "10.6.6.6",
+            "devices": 1,
+            "state": "idle",
+            "joined_at": "1",
+        }
         with pytest.raises(redis.ResponseError, match="NOPERM|permission"):
             as_wz.hset(admin.keys.worker("forged"), mapping=forged)
         with pytest.raises(redis.AuthenticationError):
@@ -162,7 +217,9 @@ def test_a_forged_worker_is_never_given_a_rank(api, admin, tmp_path):
             time.sleep(0.25)
         assert admin.r.hgetall(admin.keys.worker_assignment("forged")) == {}
         procs.append(agent(api, "w2", tmp_path))
-        j = wait_until(lambda: (j := client.job(jid)).mesh and j.mesh.ranks and j, 90, "the job to be placed")
+        j = wait_until(
+            lambda: (j := client.job(jid)).mesh and j.mesh.ranks and j, 90, "the job to be placed"
+        )
         assert {r.worker for r in j.mesh.ranks} == {"w1", "w2"}, j.mesh.ranks
         client.cancel(jid)
     finally:

@@ -17,7 +17,17 @@ import pytest
 from services.client import ApiError, Client
 from services.procs import free_port, stop_all
 from services.tokens import new_token, write_auth_file
-from tests.stack import ENV, ROOT, ApiStack, Proc, TestSecrets, tiny_spec, wait_until
+from tests.stack import (
+    ENV,
+    ROOT,
+    ApiStack,
+    Proc,
+    TestSecrets,
+    controller_argv,
+    self_signed_cert,
+    tiny_spec,
+    wait_until,
+)
 
 ROLES = ("viewer", "submitter", "admin", "scrape")
 READ, SUBMIT, ADMIN = {"viewer", "submitter", "admin"}, {"submitter", "admin"}, {"admin"}
@@ -30,6 +40,7 @@ ALLOWED = {
     ("GET", "/v1/jobs/{job_id}"): READ,
     ("DELETE", "/v1/jobs/{job_id}"): SUBMIT,
     ("GET", "/v1/jobs/{job_id}/events"): READ,
+    ("GET", "/v1/jobs/{job_id}/history"): READ,
     ("GET", "/v1/workers"): READ,
     ("GET", "/v1/agent/bootstrap"): ADMIN,
     ("GET", "/metrics"): METRICS,
@@ -37,8 +48,15 @@ ALLOWED = {
     ("POST", "/v1/agents/join"): JOIN,
 }
 OPEN = {("GET", "/healthz"), ("GET", "/readyz")}
-JOIN_BODY = {"id": "w-auth-test", "host": "h", "address": "127.0.0.1", "devices": 1,
-             "memory_bytes": 1 << 30, "device_kind": "cpu", "pid": 1}
+JOIN_BODY = {
+    "id": "w-auth-test",
+    "host": "h",
+    "address": "127.0.0.1",
+    "devices": 1,
+    "memory_bytes": 1 << 30,
+    "device_kind": "cpu",
+    "pid": 1,
+}
 
 
 @pytest.fixture(scope="module")
@@ -56,21 +74,30 @@ def token_of(secrets: TestSecrets, role: str) -> str:
 
 
 def call(api: ApiStack, method: str, path: str, job: str, token: str | None) -> httpx.Response:
-    body = {"POST /v1/jobs": tiny_spec("auth-probe"), "POST /v1/agents/join": JOIN_BODY}.get(f"{method} {path}")
+    body = {"POST /v1/jobs": tiny_spec("auth-probe"), "POST /v1/agents/join": JOIN_BODY}.get(
+        f"{method} {path}"
+    )
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.request(method, api.url + path.replace("{job_id}", job), json=body, headers=headers, timeout=10)
+    return httpx.request(
+        method, api.url + path.replace("{job_id}", job), json=body, headers=headers, timeout=10
+    )
 
 
 def test_every_route_is_classified(api):
-    """Each operation the controller serves is in ALLOWED or OPEN, so none escapes the tests below."""
+    """Each operation the controller serves is in ALLOWED or OPEN, so none escapes the tests
+    below."""
     doc = httpx.get(api.url + "/openapi.json").json()
     served = {(m.upper(), p) for p, ops in doc["paths"].items() for m in ops}
     assert served - ALLOWED.keys() - OPEN == set()
-    for (method, path) in served - OPEN:
-        assert doc["paths"][path][method.lower()].get("security"), f"{method} {path} declares no bearer auth"
+    for method, path in served - OPEN:
+        assert doc["paths"][path][method.lower()].get("security"), (
+            f"{method} {path} declares no bearer auth"
+        )
 
 
-@pytest.mark.parametrize("method,path", sorted(ALLOWED), ids=[f"{m} {p}" for m, p in sorted(ALLOWED)])
+@pytest.mark.parametrize(
+    "method,path", sorted(ALLOWED), ids=[f"{m} {p}" for m, p in sorted(ALLOWED)]
+)
 def test_no_token_wrong_token_and_wrong_role_are_refused(api, job, method, path):
     missing = call(api, method, path, job, None)
     assert missing.status_code == 401, missing.text
@@ -88,8 +115,11 @@ def test_no_token_wrong_token_and_wrong_role_are_refused(api, job, method, path)
             assert f"role {role}" in r.json()["detail"]
 
 
-@pytest.mark.parametrize("method,path", sorted(k for k in ALLOWED if k[0] == "GET"),
-                         ids=[f"{m} {p}" for m, p in sorted(ALLOWED) if m == "GET"])
+@pytest.mark.parametrize(
+    "method,path",
+    sorted(k for k in ALLOWED if k[0] == "GET"),
+    ids=[f"{m} {p}" for m, p in sorted(ALLOWED) if m == "GET"],
+)
 def test_every_allowed_role_reads(api, job, method, path):
     for role in ALLOWED[(method, path)]:
         r = call(api, method, path, job, token_of(api.secrets, role))
@@ -102,8 +132,10 @@ def test_health_and_the_page_shell_are_open(api):
 
 
 def test_submitters_own_their_jobs_and_cancel_only_those(api, job):
-    with api.controller.client(api.secrets.submitter_token) as mine, \
-            api.controller.client(api.secrets.viewer_token) as viewer:
+    with (
+        api.controller.client(api.secrets.submitter_token) as mine,
+        api.controller.client(api.secrets.viewer_token) as viewer,
+    ):
         own = mine.submit(tiny_spec("owned")).id
         assert mine.job(own).owner == "submitter"
         assert [j.owner for j in viewer.jobs() if j.id == own] == ["submitter"]
@@ -130,8 +162,16 @@ def test_the_auth_file_holds_only_hashes_and_is_private(api):
 
 def start_controller(*args: str) -> subprocess.CompletedProcess:
     """A controller that is expected to refuse to start (it never reaches Redis)."""
-    argv = [sys.executable, "-m", "controller", "--port", str(free_port()),
-            "--redis-url", "redis://127.0.0.1:9/0", *args]
+    argv = [
+        sys.executable,
+        "-m",
+        "controller",
+        "--port",
+        str(free_port()),
+        "--redis-url",
+        "redis://127.0.0.1:9/0",
+        *args,
+    ]
     env = {k: v for k, v in ENV.items() if not k.startswith("MESHKEEPER_")}
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
 
@@ -155,10 +195,15 @@ def test_a_controller_without_an_admin_token_refuses_to_start(tmp_path):
 def test_insecure_no_auth_is_loud_and_open(api):
     port = free_port()
     env = {k: v for k, v in ENV.items() if not k.startswith("MESHKEEPER_")}
-    proc = subprocess.Popen([sys.executable, "-m", "controller", "--port", str(port), "--redis-url",
-                             api.redis.controller_url, "--insecure-no-auth"],  # a standby replica
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # stop_all signals its process group
+    proc = subprocess.Popen(
+        controller_argv(port, api.redis.controller_url, "--insecure-no-auth"),  # a standby replica
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )  # stop_all signals its process group
     try:
         url = f"http://127.0.0.1:{port}"
         with Client(url, timeout=2) as c:
@@ -171,8 +216,14 @@ def test_insecure_no_auth_is_loud_and_open(api):
 
 def cli(*args: str, url: str, **env: str) -> subprocess.CompletedProcess:
     base = {k: v for k, v in ENV.items() if not k.startswith("MESHKEEPER_")}
-    return subprocess.run([sys.executable, "-m", "services.cli", "--url", url, *args], cwd=ROOT,
-                          env={**base, **env}, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "cli", "--url", url, *args],
+        cwd=ROOT,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_the_cli_reads_its_token_from_env_or_a_file(api, tmp_path):
@@ -184,24 +235,35 @@ def test_the_cli_reads_its_token_from_env_or_a_file(api, tmp_path):
     f.write_text(api.secrets.viewer_token + "\n")
     assert cli("workers", url=api.url, MESHKEEPER_TOKEN_FILE=str(f)).returncode == 0
     gone = cli("workers", url=api.url, MESHKEEPER_TOKEN_FILE=str(tmp_path / "nope"))
-    assert gone.returncode == 1 and "MESHKEEPER_TOKEN_FILE=" in gone.stderr and "Traceback" not in gone.stderr
-    wrong = cli("submit", str(ROOT / "examples" / "tiny-1d.yaml"), url=api.url,
-                MESHKEEPER_TOKEN=api.secrets.viewer_token)
+    assert (
+        gone.returncode == 1
+        and "MESHKEEPER_TOKEN_FILE=" in gone.stderr
+        and "Traceback" not in gone.stderr
+    )
+    wrong = cli(
+        "submit",
+        str(ROOT / "examples" / "tiny-1d.yaml"),
+        url=api.url,
+        MESHKEEPER_TOKEN=api.secrets.viewer_token,
+    )
     assert wrong.returncode == 1 and "needs submitter or admin" in wrong.stderr, wrong.stderr
 
 
 def test_https_with_a_self_signed_certificate(api, tmp_path):
     """--tls-cert/--tls-key serve HTTPS (uvicorn); a client that trusts the cert gets in with
     its token, and the plain-HTTP port answers nothing useful."""
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    cert, key = self_signed_cert(tmp_path)
     port = free_port()
-    proc = Proc("tls-controller", [sys.executable, "-m", "controller", "--port", str(port), "--redis-url",
-                                   api.redis.controller_url, "--auth-file",
-                                   str(api.secrets.auth_file), "--tls-cert", str(cert), "--tls-key", str(key)],
-                tmp_path)
+    proc = Proc(
+        "tls-controller",
+        controller_argv(
+            port,
+            api.redis.controller_url,
+            *("--auth-file", str(api.secrets.auth_file), "--tls-cert", str(cert)),
+            *("--tls-key", str(key)),
+        ),
+        tmp_path,
+    )
     try:
         url = f"https://127.0.0.1:{port}"
         trusting = ssl.create_default_context(cafile=str(cert))
@@ -227,10 +289,19 @@ def test_tls_needs_both_files(tmp_path):
 
 def test_env_tokens_are_hashed_at_load():
     from controller.auth import Auth
-    auth = Auth.load(None, {"MESHKEEPER_API_TOKEN": "a" * 43, "MESHKEEPER_SCRAPE_TOKEN": "s" * 43,
-                            "MESHKEEPER_JOIN_TOKEN": "j" * 43})
+
+    auth = Auth.load(
+        None,
+        {
+            "MESHKEEPER_API_TOKEN": "a" * 43,
+            "MESHKEEPER_SCRAPE_TOKEN": "s" * 43,
+            "MESHKEEPER_JOIN_TOKEN": "j" * 43,
+        },
+    )
     assert all("a" * 43 not in t.sha256 for t in auth.tokens)
     assert [(p.name, p.role) for p in map(auth.identify, ("a" * 43, "s" * 43))] == [
-        ("admin", "admin"), ("prometheus", "scrape")]
+        ("admin", "admin"),
+        ("prometheus", "scrape"),
+    ]
     assert auth.identify("j" * 43) is None and auth.join_ok("j" * 43) and not auth.join_ok("a" * 43)
     assert auth.identify("") is None and auth.identify(None) is None

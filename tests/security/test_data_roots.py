@@ -40,16 +40,30 @@ def test_files_under_the_root_resolve(tree):
     root = tree["root"]
     assert confine(f"{root}/sub/corpus.txt", [root], must_exist=True) == root / "sub" / "corpus.txt"
     # a link that stays inside is followed; the result is the real file
-    assert confine(f"{root}/inner/corpus.txt", [root], must_exist=True) == root / "sub" / "corpus.txt"
-    assert confine(f"{root}//sub/./corpus.txt", [root], must_exist=True) == root / "sub" / "corpus.txt"
+    assert (
+        confine(f"{root}/inner/corpus.txt", [root], must_exist=True) == root / "sub" / "corpus.txt"
+    )
+    assert (
+        confine(f"{root}//sub/./corpus.txt", [root], must_exist=True) == root / "sub" / "corpus.txt"
+    )
     # a root given through a link of its own still works, both spellings
     alias = tree["secret"].parent / "alias"
     alias.symlink_to(root)
-    assert confine(f"{alias}/sub/corpus.txt", [alias], must_exist=True) == root / "sub" / "corpus.txt"
+    assert (
+        confine(f"{alias}/sub/corpus.txt", [alias], must_exist=True) == root / "sub" / "corpus.txt"
+    )
 
 
-@pytest.mark.parametrize("rel", ["out-dir/key.txt", "out-file.txt", "rel-out/key.txt",
-                                 "sub/../../secret/key.txt", "sub/../sub/corpus.txt"])
+@pytest.mark.parametrize(
+    "rel",
+    [
+        "out-dir/key.txt",
+        "out-file.txt",
+        "rel-out/key.txt",
+        "sub/../../secret/key.txt",
+        "sub/../sub/corpus.txt",
+    ],
+)
 def test_links_out_of_the_root_and_dotdot_are_refused(tree, rel):
     with pytest.raises(PathRefused):
         confine(f"{tree['root']}/{rel}", [tree["root"]], must_exist=True)
@@ -58,8 +72,13 @@ def test_links_out_of_the_root_and_dotdot_are_refused(tree, rel):
 
 
 def test_outside_paths_relative_paths_and_no_roots_are_refused(tree):
-    for path in ("/etc/shadow", "/proc/self/environ", str(tree["secret"] / "key.txt"), "sub/corpus.txt",
-                 f"{tree['root']}-sibling/x"):  # a prefix of the root's name is not inside it
+    for path in (
+        "/etc/shadow",
+        "/proc/self/environ",
+        str(tree["secret"] / "key.txt"),
+        "sub/corpus.txt",
+        f"{tree['root']}-sibling/x",
+    ):  # a prefix of the root's name is not inside it
         with pytest.raises(PathRefused):
             confine(path, [tree["root"]], must_exist=True)
     with pytest.raises(PathRefused, match="no roots are configured"):
@@ -75,24 +94,33 @@ def test_a_refusal_never_tells_whether_a_path_exists(tree):
             confine(path, [root], must_exist=True)
         return str(e.value).replace(repr(path), "PATH")
 
-    inside = {message(f"{root}/{p}") for p in ("nope.txt", "sub", "out-file.txt", "out-dir/key.txt",
-                                               "out-dir/missing.txt")}
+    inside = {
+        message(f"{root}/{p}")
+        for p in ("nope.txt", "sub", "out-file.txt", "out-dir/key.txt", "out-dir/missing.txt")
+    }
     assert len(inside) == 1, inside
-    outside = {message(p) for p in ("/etc/shadow", "/etc/passwd", "/no/such/file", str(tree["secret"] / "key.txt"))}
+    outside = {
+        message(p)
+        for p in ("/etc/shadow", "/etc/passwd", "/no/such/file", str(tree["secret"] / "key.txt"))
+    }
     assert outside == inside
 
 
 def test_checkpoint_root_inside_is_resolved_outside_is_refused(tree):
     spec = tiny_spec("ck", checkpoint={"root": f"{tree['root']}/inner/runs"})
-    assert confine_spec(spec, [], [tree["root"]], on_host=True)["checkpoint"]["root"] == \
-        str(tree["root"] / "sub" / "runs")  # not yet there: fine for a directory to be made
+    assert confine_spec(spec, [], [tree["root"]], on_host=True)["checkpoint"]["root"] == str(
+        tree["root"] / "sub" / "runs"
+    )  # not yet there: fine for a directory to be made
     for bad in ("/tmp/elsewhere", f"{tree['root']}/out-dir/runs", f"{tree['root']}/../secret"):
         with pytest.raises(SpecError) as e:
-            confine_spec(tiny_spec("ck", checkpoint={"root": bad}), [], [tree["root"]], on_host=False)
+            confine_spec(
+                tiny_spec("ck", checkpoint={"root": bad}), [], [tree["root"]], on_host=False
+            )
         assert [p.field for p in e.value.problems] == ["checkpoint.root"]
 
 
 # --- through a real controller and agent -------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
@@ -104,9 +132,17 @@ def pool(tmp_path_factory):
     (data / "agent" / "corpus.txt").write_bytes(bytes(range(32, 127)) * 40)
     (data / "controller-only.txt").write_bytes(bytes(range(32, 127)) * 40)
     (data / "agent" / "escape").symlink_to("/etc")
-    p = SmallPool(work, 1, controller_flags=["--data-root", str(data), "--checkpoint-root-allow",
-                                             str(work / "checkpoints")],
-                  agent_flags=["--data-root", str(data / "agent")])
+    p = SmallPool(
+        work,
+        1,
+        controller_flags=[
+            "--data-root",
+            str(data),
+            "--checkpoint-root-allow",
+            str(work / "checkpoints"),
+        ],
+        agent_flags=["--data-root", str(data / "agent")],
+    )
     p.data = data
     yield p
     p.close()
@@ -126,8 +162,14 @@ def refused(pool: SmallPool, spec: dict) -> dict:
 def test_a_job_reading_outside_the_data_roots_gets_422_naming_data_source(pool):
     data = pool.data
     bodies = {}
-    for path in ("/etc/shadow", "/etc/passwd", "/no/such/file", f"{data}/../secret.txt",
-                 f"{data}/agent/escape/passwd", "relative/corpus.txt"):
+    for path in (
+        "/etc/shadow",
+        "/etc/passwd",
+        "/no/such/file",
+        f"{data}/../secret.txt",
+        f"{data}/agent/escape/passwd",
+        "relative/corpus.txt",
+    ):
         body = refused(pool, one_rank("leak", data={"source": f"text:{path}"}))
         assert [p["field"] for p in body["problems"]] == ["data.source"], body
         bodies[path] = json.dumps(body).replace(path, "PATH")
@@ -150,20 +192,32 @@ def test_the_agent_refuses_a_path_outside_its_own_roots(pool):
     job = wait_phase(pool.client, jid, ("Failed", "Succeeded"), 60)
     failed = job.condition("Failed")
     assert job.phase == "Failed" and "exited with code 2" in failed.message, failed
-    assert "data.source" in failed.message and "controller-only.txt" in failed.message, failed.message
-    assert not list((pool.work / "workers").glob(f"*/jobs/{jid}/g*/rank*.log")), "a trainer was started"
+    assert "data.source" in failed.message and "controller-only.txt" in failed.message, (
+        failed.message
+    )
+    assert not list((pool.work / "workers").glob(f"*/jobs/{jid}/g*/rank*.log")), (
+        "a trainer was started"
+    )
 
 
 @pytest.mark.slow
 def test_a_job_inside_the_roots_trains_on_the_file_and_checkpoints_where_its_spec_says(pool):
     ckpt = pool.work / "checkpoints" / "team-a"
-    spec = one_rank("in-roots", train={"steps": 4, "global_batch": 4},
-                     data={"source": f"text:{pool.data}/agent/corpus.txt"},
-                     checkpoint={"root": str(ckpt), "every_steps": 2, "mode": "sync"})
+    spec = one_rank(
+        "in-roots",
+        train={"steps": 4, "global_batch": 4},
+        data={"source": f"text:{pool.data}/agent/corpus.txt"},
+        checkpoint={"root": str(ckpt), "every_steps": 2, "mode": "sync"},
+    )
     jid = pool.client.submit(spec).id
     job = wait_phase(pool.client, jid, ("Succeeded", "Failed"), 180)
     assert job.phase == "Succeeded", job.conditions
     saved = wait_until(lambda: list((ckpt / jid / "in-roots").rglob("*")), 10, "checkpoint files")
     assert saved, f"nothing under {ckpt}"
-    spec_seen = json.loads(next((pool.work / "workers").glob(f"*/jobs/{jid}/g1/spec.json")).read_text())
-    assert spec_seen["data"]["source"] == f"text:{os.path.realpath(pool.data / 'agent' / 'corpus.txt')}"
+    spec_seen = json.loads(
+        next((pool.work / "workers").glob(f"*/jobs/{jid}/g1/spec.json")).read_text()
+    )
+    assert (
+        spec_seen["data"]["source"]
+        == f"text:{os.path.realpath(pool.data / 'agent' / 'corpus.txt')}"
+    )

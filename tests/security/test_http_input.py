@@ -34,20 +34,36 @@ def test_a_cross_site_text_plain_post_gets_415(api, http):
     form encoding) carrying JSON. Even with a token it is refused, and no job appears."""
     body = json.dumps(tiny_spec("csrf"))
     before = len(http.get("/v1/jobs").json()["jobs"])
-    for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
-        r = http.post("/v1/jobs", content=body, headers={"Content-Type": ctype, "Origin": "https://evil.example"})
+    for ctype in (
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+    ):
+        r = http.post(
+            "/v1/jobs",
+            content=body,
+            headers={"Content-Type": ctype, "Origin": "https://evil.example"},
+        )
         doc = refused(r, 415, "Content-Type: application/json")
         assert doc["problems"][0]["field"] == "header.content-type"
     r = http.post("/v1/jobs", content=body, headers={"Content-Type": ""})
     refused(r, 415, "application/json")
     # the browser's form post carries no bearer token at all: refused before the body is read
-    assert httpx.post(api.url + "/v1/jobs", content=body, headers={"Content-Type": "text/plain"}).status_code == 401
+    assert (
+        httpx.post(
+            api.url + "/v1/jobs", content=body, headers={"Content-Type": "text/plain"}
+        ).status_code
+        == 401
+    )
     assert len(http.get("/v1/jobs").json()["jobs"]) == before
 
 
 def test_json_with_a_charset_is_json(http):
-    r = http.post("/v1/jobs", content=json.dumps(tiny_spec("charset")).encode(),
-                  headers={"Content-Type": "application/json; charset=utf-8"})
+    r = http.post(
+        "/v1/jobs",
+        content=json.dumps(tiny_spec("charset")).encode(),
+        headers={"Content-Type": "application/json; charset=utf-8"},
+    )
     assert r.status_code == 201, r.text
     assert http.delete(f"/v1/jobs/{r.json()['id']}").status_code == 202
 
@@ -56,17 +72,29 @@ def nest(depth: int) -> str:
     return "[" * depth + "]" * depth
 
 
-@pytest.mark.parametrize("body", [nest(MAX_DEPTH + 1), nest(10_000), nest(200_000),
-                                  '{"name": "deep", "model": ' + '{"a": ' * MAX_DEPTH + "1" + "}" * MAX_DEPTH + "}"],
-                         ids=["limit+1", "10k", "200k", "in-a-spec"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        nest(MAX_DEPTH + 1),
+        nest(10_000),
+        nest(200_000),
+        '{"name": "deep", "model": ' + '{"a": ' * MAX_DEPTH + "1" + "}" * MAX_DEPTH + "}",
+    ],
+    ids=["limit+1", "10k", "200k", "in-a-spec"],
+)
 def test_nested_json_gets_422(http, body):
     """Past MAX_DEPTH, and far past the parser's own recursion limit (which used to be a 500)."""
-    doc = refused(http.post("/v1/jobs", content=body, headers=JSON), 422, f"deeper than {MAX_DEPTH}")
+    doc = refused(
+        http.post("/v1/jobs", content=body, headers=JSON), 422, f"deeper than {MAX_DEPTH}"
+    )
     assert doc["problems"][0]["field"] == "(body)"
 
 
 def test_a_spec_at_the_depth_limit_is_judged_as_a_spec(http):
-    shallow = {**tiny_spec("shallow"), "colour": json.loads("[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1))}
+    shallow = {
+        **tiny_spec("shallow"),
+        "colour": json.loads("[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1)),
+    }
     doc = refused(http.post("/v1/jobs", json=shallow), 422, "invalid job spec")
     assert [p["field"] for p in doc["problems"]] == ["colour"]
 
@@ -75,9 +103,11 @@ def test_a_declared_oversized_body_is_refused_unread(api):
     """Only the headers are sent: the answer comes without waiting for the promised bytes."""
     host, port = api.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(f"POST /v1/jobs HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                     f"Authorization: Bearer {api.secrets.admin_token}\r\n"
-                     f"Content-Length: {MAX_BODY + 1}\r\n\r\n".encode())
+        sock.sendall(
+            f"POST /v1/jobs HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {api.secrets.admin_token}\r\n"
+            f"Content-Length: {MAX_BODY + 1}\r\n\r\n".encode()
+        )
         answer = b""
         while not answer.endswith(b"}") and (chunk := sock.recv(65536)):
             answer += chunk
@@ -87,9 +117,11 @@ def test_a_declared_oversized_body_is_refused_unread(api):
 
 def test_a_streamed_oversized_body_is_cut_off(http):
     """Chunked, with no Content-Length: the limit holds while the body streams in."""
+
     def chunks():
         for _ in range(4 * MAX_BODY // 65536):
             yield b" " * 65536
+
     refused(http.post("/v1/jobs", content=chunks(), headers=JSON), 413, "over the limit")
 
 
@@ -100,26 +132,44 @@ def job(http) -> str:
     http.delete(f"/v1/jobs/{jid}")
 
 
-@pytest.mark.parametrize("after", ["9" * 40 + "-0", "1-" + "9" * 21, "yesterday", "", "1-2-3", "-1-0", "１-0"])
+@pytest.mark.parametrize(
+    "after", ["9" * 40 + "-0", "1-" + "9" * 21, "yesterday", "", "1-2-3", "-1-0", "１-0"]
+)
 def test_bad_event_cursors_get_422(http, job, after):
-    doc = refused(http.get(f"/v1/jobs/{job}/events", params={"after": after}), 422, "is not an event id")
+    doc = refused(
+        http.get(f"/v1/jobs/{job}/events", params={"after": after}), 422, "is not an event id"
+    )
     assert [p["field"] for p in doc["problems"]] == ["query.after"]
 
 
-@pytest.mark.parametrize("after", [f"{(1 << 64) - 1}-{(1 << 64) - 1}", "18446744073709551616-0",
-                                   "99999999999999999999-99999999999999999999"])
+@pytest.mark.parametrize(
+    "after",
+    [
+        f"{(1 << 64) - 1}-{(1 << 64) - 1}",
+        "18446744073709551616-0",
+        "99999999999999999999-99999999999999999999",
+    ],
+)
 def test_cursors_past_the_last_possible_event_id_see_nothing(http, job, after):
-    """Well-formed, but at or past 2^64-1 - 2^64-1, which Redis refuses as a bound (it was a 503)."""
+    """Well-formed, but at or past 2^64-1 - 2^64-1, which Redis refuses as a bound (it was a
+    503)."""
     assert http.get(f"/v1/jobs/{job}/events", params={"after": after}).json() == {"events": []}
     first = http.get(f"/v1/jobs/{job}/events").json()["events"][0]["id"]
-    assert http.get(f"/v1/jobs/{job}/events", params={"after": "0-0"}).json()["events"][0]["id"] == first
+    assert (
+        http.get(f"/v1/jobs/{job}/events", params={"after": "0-0"}).json()["events"][0]["id"]
+        == first
+    )
 
 
 def test_the_page_has_security_headers(api):
     for path in ("/ui/", "/ui/mesh.js"):
         h = httpx.get(api.url + path).headers
         csp = h["Content-Security-Policy"]
-        assert "default-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-inline" not in csp
+        assert (
+            "default-src 'self'" in csp
+            and "frame-ancestors 'none'" in csp
+            and "unsafe-inline" not in csp
+        )
         assert h["X-Content-Type-Options"] == "nosniff" and h["X-Frame-Options"] == "DENY"
     assert httpx.get(api.url + "/healthz").headers["X-Content-Type-Options"] == "nosniff"
 
@@ -127,6 +177,9 @@ def test_the_page_has_security_headers(api):
 @pytest.mark.parametrize("preset", [{}, [], ["tiny"], 7])
 def test_a_preset_of_the_wrong_type_gets_422(http, preset):
     """Found by schemathesis: an unhashable preset was looked up in the preset table (a 500)."""
-    doc = refused(http.post("/v1/jobs", json={**tiny_spec("preset"), "model": {"preset": preset}}), 422,
-                  "invalid job spec")
+    doc = refused(
+        http.post("/v1/jobs", json={**tiny_spec("preset"), "model": {"preset": preset}}),
+        422,
+        "invalid job spec",
+    )
     assert "model.preset" in [p["field"] for p in doc["problems"]], doc

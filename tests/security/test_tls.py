@@ -6,8 +6,6 @@ redis-server, real processes."""
 
 from __future__ import annotations
 
-import sys
-
 import httpx
 import pytest
 import redis
@@ -16,7 +14,15 @@ from redis.retry import Retry
 
 from services.client import Client
 from services.procs import free_port, stop_all
-from tests.stack import Proc, RedisServer, TestSecrets, agent_argv, self_signed_cert, wait_until
+from tests.stack import (
+    Proc,
+    RedisServer,
+    TestSecrets,
+    agent_argv,
+    controller_argv,
+    self_signed_cert,
+    wait_until,
+)
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +33,16 @@ def tls(tmp_path_factory):
     server = RedisServer(work / "redis", secrets, tls=(cert, key))
     server.start()
     port = free_port()
-    ctl = Proc("controller", [sys.executable, "-m", "controller", "--port", str(port),
-                              "--redis-url", server.controller_url, "--auth-file", str(secrets.auth_file),
-                              "--tls-cert", str(cert), "--tls-key", str(key)], work / "logs")
+    ctl = Proc(
+        "controller",
+        controller_argv(
+            port,
+            server.controller_url,
+            *("--auth-file", str(secrets.auth_file), "--tls-cert", str(cert)),
+            *("--tls-key", str(key)),
+        ),
+        work / "logs",
+    )
     url = f"https://127.0.0.1:{port}"
     client = Client(url, secrets.admin_token, timeout=5, verify=str(cert))
     wait_until(lambda: client.ready() or not ctl.alive(), 30, "the HTTPS controller to be ready")
@@ -56,13 +69,21 @@ def test_an_agent_joins_over_https_and_beats_over_rediss(tls):
     work, cert, server, url, client, secrets = tls
     with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
         httpx.get(url + "/healthz", timeout=5)  # a client that does not trust the certificate
-    agent = Proc("agent-t1", [*agent_argv(url, secrets, "t1", work), "--warm", "0", "--ca-file", str(cert)],
-                 work / "logs")
+    agent = Proc(
+        "agent-t1",
+        [*agent_argv(url, secrets, "t1", work), "--warm", "0", "--ca-file", str(cert)],
+        work / "logs",
+    )
     try:
-        wait_until(lambda: any(w.id == "t1" and w.alive for w in client.workers()), 60,
-                   "agent t1 to join over HTTPS and beat over rediss://")
+        wait_until(
+            lambda: any(w.id == "t1" and w.alive for w in client.workers()),
+            60,
+            "agent t1 to join over HTTPS and beat over rediss://",
+        )
         assert "joined https://127.0.0.1" in agent.tail()
         info = redis.Redis.from_url(server.url, decode_responses=True).client_list()
-        assert any(c["user"] == "agent-t1" for c in info), info  # it holds a TLS connection of its own
+        assert any(c["user"] == "agent-t1" for c in info), (
+            info
+        )  # it holds a TLS connection of its own
     finally:
         agent.stop(10)

@@ -15,8 +15,13 @@ class Clock:
         return self.t
 
 
-def passes(a: RedisAvailability, clock: Clock, seconds: float, every: float = 0.25,
-           uptime0: int | None = None) -> None:
+def passes(
+    a: RedisAvailability,
+    clock: Clock,
+    seconds: float,
+    every: float = 0.25,
+    uptime0: int | None = None,
+) -> None:
     """Healthy reconcile passes for `seconds`."""
     end = clock.t + seconds
     while clock.t < end:

@@ -7,27 +7,56 @@ from __future__ import annotations
 import pytest
 
 from controller import health
+from services.api import RankStatus
 from services.spec import SpecError, parse_spec
 from worker.progress import Collectives, counters_path, read_counters
 
 NOW, HANG = 1000.0, 10.0
 
 
-def rank(n: int, entered, left, *, state="running", proc_state="S", busy=False, progress_at=NOW - 60):
-    return {"rank": n, "worker": f"w{n}", "coord": {"dp": n, "pp": 0, "tp": 0}, "state": state,
-            "first_step_at": NOW - 100, "progress_at": progress_at, "step": 8,
-            "coll_entered": entered, "coll_left": left, "proc_state": proc_state, "cpu_busy": busy}
+def rank(
+    n: int, entered, left, *, state="running", proc_state="S", busy=False, progress_at=NOW - 60
+):
+    """A rank's report as a dict (tests edit it), made a `RankStatus` by `view`."""
+    return {
+        "rank": n,
+        "worker": f"w{n}",
+        "coord": {"dp": n, "pp": 0, "tp": 0},
+        "local_rank": 0,
+        "state": state,
+        "first_step_at": NOW - 100,
+        "progress_at": progress_at,
+        "step": 8,
+        "coll_entered": entered,
+        "coll_left": left,
+        "proc_state": proc_state,
+        "cpu_busy": busy,
+    }
+
+
+def view(ranks: list[dict]) -> list[RankStatus]:
+    """The rank view as controller/ranks.py builds it."""
+    return [RankStatus.model_validate(r) for r in ranks]
+
+
+def hangs(ranks: list[dict]):
+    return health.hangs(view(ranks), HANG, NOW)
 
 
 def blamed(ranks):
-    return [(f.cause, f.rank, f.worker) for f in health.hangs(ranks, HANG, NOW)]
+    return [(f.cause, f.rank, f.worker) for f in hangs(ranks)]
 
 
 def test_busy_looping_rank_with_the_lowest_entered_count_is_blamed():
     # rank 2 spins (R) after leaving phase 24; ranks 0, 1, 3 sit inside phase 25, waiting for it
-    ranks = [rank(0, 25, 24), rank(1, 25, 24), rank(2, 24, 24, proc_state="R", busy=True), rank(3, 25, 24)]
+    ranks = [
+        rank(0, 25, 24),
+        rank(1, 25, 24),
+        rank(2, 24, 24, proc_state="R", busy=True),
+        rank(3, 25, 24),
+    ]
     assert blamed(ranks) == [("RankHung", 2, "w2")]
-    assert "wait inside collective phase 25" in health.hangs(ranks, HANG, NOW)[0].detail
+    assert "wait inside collective phase 25" in hangs(ranks)[0].detail
 
 
 def test_lowest_count_is_blamed_not_the_ranks_in_between():
@@ -40,17 +69,23 @@ def test_a_rank_that_never_reports_is_blamed_not_its_healthy_peer():
     ranks = [rank(0, 4, 3), rank(1, None, None, state="starting", progress_at=NOW - 5)]
     ranks[1].pop("first_step_at")
     assert blamed(ranks) == [("RankHung", 1, "w1")]
-    assert "never reported collective progress" in health.hangs(ranks, HANG, NOW)[0].detail
+    assert "never reported collective progress" in hangs(ranks)[0].detail
 
 
 def test_a_rank_its_agent_never_reported_is_blamed():
-    silent = {"rank": 1, "worker": "w1", "coord": {"dp": 1, "pp": 0, "tp": 0}, "state": "assigned"}
+    silent = {
+        "rank": 1,
+        "worker": "w1",
+        "coord": {"dp": 1, "pp": 0, "tp": 0},
+        "local_rank": 0,
+        "state": "assigned",
+    }
     assert blamed([rank(0, 7, 6), silent]) == [("RankHung", 1, "w1")]
 
 
 def test_all_frozen_at_the_same_count_is_a_job_stall():
     ranks = [rank(0, 25, 24), rank(1, 25, 24), rank(2, 25, 24)]
-    out = health.hangs(ranks, HANG, NOW)
+    out = hangs(ranks)
     assert [f.cause for f in out] == ["JobStalled"] and "all 3 ranks" in out[0].detail
 
 
@@ -63,22 +98,31 @@ def test_same_count_but_one_spins_while_the_others_sleep():
 
 def test_stopped_process_rule_still_comes_first():
     ranks = [rank(0, 25, 24), rank(1, 24, 24, proc_state="T")]
-    out = health.hangs(ranks, HANG, NOW)
+    out = hangs(ranks)
     assert [(f.rank, "stopped" in f.detail) for f in out] == [(1, True)]
 
 
 def test_no_blame_before_the_hang_bound():
     ranks = [rank(0, 25, 24, progress_at=NOW - 1), rank(1, 24, 24, progress_at=NOW - 1)]
-    assert health.hangs(ranks, HANG, NOW) == []
+    assert hangs(ranks) == []
 
 
 def test_out_of_memory_names_rank_worker_peak_and_fix():
     r = rank(1, 3, 3, state="failed")
-    r.update(exit_code=-9, oom={"peak_rss": 812 * 2**20, "limit": 800 * 2**20, "evidence": "memory cgroup oom_kill"})
-    msg = health.out_of_memory([rank(0, 3, 3), r])
-    assert "rank 1" in msg and "w1" in msg and "812 MiB" in msg and "800 MiB" in msg and "zero 3" in msg
+    r.update(
+        exit_code=-9,
+        oom={"peak_rss": 812 * 2**20, "limit": 800 * 2**20, "evidence": "memory cgroup oom_kill"},
+    )
+    msg = health.out_of_memory(view([rank(0, 3, 3), r]))
+    assert (
+        "rank 1" in msg
+        and "w1" in msg
+        and "812 MiB" in msg
+        and "800 MiB" in msg
+        and "zero 3" in msg
+    )
     plain_kill = {**r, "oom": None}
-    assert health.out_of_memory([plain_kill]) is None
+    assert health.out_of_memory(view([plain_kill])) is None
 
 
 def test_counters_round_trip_through_the_shared_file(tmp_path):

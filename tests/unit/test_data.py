@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from services.spec import DataSpec, ModelSpec
-from worker.data import Batches, DataError, SyntheticMarkov
+from worker.trainer.data import Batches, DataError, SyntheticMarkov
 
 TINY = ModelSpec(preset="tiny")
 
@@ -12,7 +12,9 @@ def test_batches_are_a_pure_function_of_seed_and_step():
     b = Batches(DataSpec(seed=5), TINY, global_batch=8, dp=1)
     assert np.array_equal(a.local(3, 0)[0], b.local(3, 0)[0])
     assert not np.array_equal(a.local(3, 0)[0], a.local(4, 0)[0])
-    assert not np.array_equal(a.local(3, 0)[0], Batches(DataSpec(seed=6), TINY, 8, 1).local(3, 0)[0])
+    assert not np.array_equal(
+        a.local(3, 0)[0], Batches(DataSpec(seed=6), TINY, 8, 1).local(3, 0)[0]
+    )
 
 
 def test_dp_ranks_split_the_same_global_batch():
@@ -40,7 +42,9 @@ def test_text_and_token_files(tmp_path):
     assert x.shape == (4, TINY.seq_len) and int(x.max()) < 256
     tokens = tmp_path / "tokens.bin"
     (np.arange(1000) % 200).astype(np.uint32).tofile(tokens)
-    x, _ = Batches(DataSpec(source=f"tokens:{tokens}", token_dtype="uint32"), TINY, 4, 1).local(1, 0)
+    x, _ = Batches(DataSpec(source=f"tokens:{tokens}", token_dtype="uint32"), TINY, 4, 1).local(
+        1, 0
+    )
     assert bool(((x[:, 1:] - x[:, :-1]) % 200 == 1).all())  # consecutive windows of the file
 
 

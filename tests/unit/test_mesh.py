@@ -16,7 +16,7 @@ def test_tp_innermost_dp_outermost():
 def test_round_trip_and_groups_partition_the_world(shape):
     m = MeshShape(*shape)
     assert [m.rank(m.coord(r)) for r in range(m.world_size)] == list(range(m.world_size))
-    for axis, size in zip(("dp", "pp", "tp"), shape):
+    for axis, size in zip(("dp", "pp", "tp"), shape, strict=True):
         groups = m.groups(axis)
         assert all(len(g) == size for g in groups)
         assert sorted(r for g in groups for r in g) == list(range(m.world_size))

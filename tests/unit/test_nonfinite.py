@@ -8,10 +8,9 @@ import torch
 import torch.distributed as dist
 
 from services.spec import parse_spec
-from worker.parallel import ParallelDims, RankContext
-from worker.train import init_distributed, shutdown_distributed
-from worker.trainer import NonFiniteError, Trainer
-
+from worker.trainer.distributed import init_distributed, shutdown_distributed
+from worker.trainer.parallel import ParallelDims, RankContext
+from worker.trainer.step import NonFiniteError, Trainer
 
 RDZV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -27,13 +26,15 @@ def single_rank():
 
 def test_nan_weight_stops_at_that_step(single_rank):
     rank, _, device = single_rank
-    spec = parse_spec({"name": "nan", "model": {"preset": "tiny"}, "train": {"steps": 3, "global_batch": 2}})
+    spec = parse_spec(
+        {"name": "nan", "model": {"preset": "tiny"}, "train": {"steps": 3, "global_batch": 2}}
+    )
     dims = ParallelDims(spec.parallel, device.type)
     trainer = Trainer(spec, RankContext(dims, dims.build_mesh(), rank, device))
     first = trainer.train_step(0)
-    assert math.isfinite(first.loss)
+    assert first.step == 1 and math.isfinite(first.loss)  # step counts steps completed
     with torch.no_grad():
         trainer.parts[0].layers["1"].mlp.up.weight[0, 0] = float("nan")
-    with pytest.raises(NonFiniteError, match="step 1: loss nan"):
+    with pytest.raises(NonFiniteError, match="step 2: loss nan"):  # the second step
         trainer.train_step(1)
     assert dist.is_initialized()

@@ -70,3 +70,22 @@ def test_no_placement_without_capacity():
 
 def test_workers_are_taken_in_name_order():
     assert sorted(["w10", "w2", "w1"], key=natural_key) == ["w1", "w2", "w10"]
+
+
+def test_a_group_goes_to_the_tightest_host_that_fits():
+    # best fit: the 2-slot host b takes the group, leaving host a's 3 slots whole
+    workers = pool({"a": 3, "b": 2})
+    p = place(MeshShape(1, 1, 2), 0, workers)
+    assert hosts_of(p, workers) == ["b", "b"] and p.spares == []
+
+
+def test_spares_come_from_the_end_of_the_pool_and_ranks_from_the_front():
+    workers = pool({"a": 3})
+    p = place(MeshShape(1, 1, 1), 2, workers)
+    assert [r.wid for r in p.ranks] == ["a-w0"] and p.spares == ["a-w1", "a-w2"]
+    assert p.workers == ["a-w0", "a-w1", "a-w2"]
+
+
+def test_natural_key_orders_numbers_within_names():
+    names = ["node10-w1", "node2-w10", "node2-w9", "node1"]
+    assert sorted(names, key=natural_key) == ["node1", "node2-w9", "node2-w10", "node10-w1"]

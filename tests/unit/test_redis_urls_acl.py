@@ -24,5 +24,12 @@ def test_a_worker_id_that_would_widen_its_key_patterns_is_refused(wid):
 def test_an_agent_owns_exactly_its_own_keys():
     rules = agent_acl("mk:", "w1")
     own = [r for r in rules if "worker:" in r]
-    assert own == ["%RW~mk:worker:w1", "%RW~mk:worker:w1:progress", "%RW~mk:worker:w1:probe", "%RW~mk:worker:w1:metrics",
-                   "%R~mk:worker:w1:assignment", "%R~mk:worker:w1:health", "&mk:worker:w1:assignment"]
+    assert own == [
+        "%RW~mk:worker:w1",
+        "%RW~mk:worker:w1:progress",
+        "%RW~mk:worker:w1:probe",
+        "%RW~mk:worker:w1:metrics",
+        "%R~mk:worker:w1:assignment",
+        "%R~mk:worker:w1:health",
+        "&mk:worker:w1:assignment",
+    ]

@@ -39,32 +39,58 @@ BAD = [
     (with_("parallel.zeroo", 3), "parallel.zeroo", "unknown key"),
     (with_("bogus", 1), "bogus", "valid: checkpoint, data, fault_tolerance"),
     (with_("parallel.zero", 1), "parallel.zero", "Input should be 0, 2 or 3"),
-    (with_("parallel.pp_schedule", "zb"), "parallel.pp_schedule", "'gpipe', '1f1b' or 'interleaved_1f1b'"),
+    (
+        with_("parallel.pp_schedule", "zb"),
+        "parallel.pp_schedule",
+        "'gpipe', '1f1b' or 'interleaved_1f1b'",
+    ),
     (with_("parallel.virtual_stages", 2), "parallel.virtual_stages", "interleaved_1f1b"),
     (with_("parallel.microbatches", 1), "parallel.microbatches", "raise microbatches"),
     (with_("name", "../etc"), "name", "lowercase letters"),
-    (with_("data.source", "s3://bucket"), "data.source", "'synthetic', 'text:PATH' or 'tokens:PATH'"),
+    (
+        with_("data.source", "s3://bucket"),
+        "data.source",
+        "'synthetic', 'text:PATH' or 'tokens:PATH'",
+    ),
     (with_("model.heads", 3), "model.heads", "d_model (64) must be divisible by heads (3)"),
     (with_("fault_tolerance.min_dp", 4), "fault_tolerance.min_dp", "cannot exceed parallel.dp"),
     (with_("fault_tolerance.dead_after_s", 0.6), "fault_tolerance.dead_after_s", "2x heartbeat_s"),
     ({k: v for k, v in GOOD.items() if k != "train"}, "train", "required"),
     # strict types: no coercion of booleans or strings into numbers, finite floats only
-    (with_("model.rope_theta", float("inf")), "model.rope_theta", "finite number (not Infinity or NaN)"),
+    (
+        with_("model.rope_theta", float("inf")),
+        "model.rope_theta",
+        "finite number (not Infinity or NaN)",
+    ),
     (with_("train.lr", float("nan")), "train.lr", "finite number"),
     (with_("train.steps", True), "train.steps", "not a string, not 2.0) (got true)"),
-    (with_("train.steps", "5"), "train.steps", 'without quotes (not true/false, not a string, not 2.0) (got "5")'),
+    (
+        with_("train.steps", "5"),
+        "train.steps",
+        'without quotes (not true/false, not a string, not 2.0) (got "5")',
+    ),
     (with_("train.steps", 5.0), "train.steps", "(got 5.0)"),
     (with_("parallel.dp", False), "parallel.dp", "(got false)"),
     (with_("train.lr", "3e-4"), "train.lr", "number written without quotes"),
     (with_("train.betas", [True, 0.95]), "train.betas.0", "(got true)"),
-    (with_("parallel.activation_checkpointing", "yes"), "parallel.activation_checkpointing", "true or false"),
+    (
+        with_("parallel.activation_checkpointing", "yes"),
+        "parallel.activation_checkpointing",
+        "true or false",
+    ),
     (with_("model", "tiny"), "model", "mapping of keys to values"),
     # upper bounds on every count, and on the model as a whole
     (with_("train.warmup_steps", 10**10), "train.warmup_steps", "less than or equal to"),
     (with_("model.rope_theta", 1e300), "model.rope_theta", "less than or equal to"),
     (with_("checkpoint.every_steps", 10**12), "checkpoint.every_steps", "less than or equal to"),
-    ({**GOOD, "model": {"layers": 1024, "d_model": 65536, "heads": 64, "vocab": 1000, "seq_len": 16}},
-     "model", "parameters exceed the limit"),
+    (
+        {
+            **GOOD,
+            "model": {"layers": 1024, "d_model": 65536, "heads": 64, "vocab": 1000, "seq_len": 16},
+        },
+        "model",
+        "parameters exceed the limit",
+    ),
 ]
 
 
@@ -86,9 +112,13 @@ def test_every_example_and_preset_stays_valid_and_round_trips():
     """Strictness must not refuse what the project ships, nor the stored (JSON) form of a
     spec that the agent hands to trainers (betas come back as a list)."""
     import json
+
     from services.spec import PRESETS
+
     specs = [load_spec(f) for f in sorted((ROOT / "examples").glob("*.yaml"))]
-    specs += [parse_spec({**GOOD, "model": {"preset": name}, "parallel": {"dp": 1}}) for name in PRESETS]
+    specs += [
+        parse_spec({**GOOD, "model": {"preset": name}, "parallel": {"dp": 1}}) for name in PRESETS
+    ]
     assert len(specs) > len(PRESETS)
     for s in specs:
         assert parse_spec(json.loads(json.dumps(s.model_dump(mode="json")))) == s
@@ -114,8 +144,13 @@ def test_unreadable_and_malformed_files(tmp_path):
 def test_trainer_reports_bad_spec_without_traceback(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(with_("parallel.tp", 3)))
-    proc = subprocess.run([sys.executable, "-m", "worker.train", "--spec", str(path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "worker.trainer", "--spec", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "parallel.tp" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -123,7 +158,15 @@ def test_trainer_reports_bad_spec_without_traceback(tmp_path):
 def test_trainer_refuses_wrong_world_size(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(GOOD))  # wants 8 ranks; launched as 1
-    proc = subprocess.run([sys.executable, "-m", "worker.train", "--spec", str(path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "worker.trainer", "--spec", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
-    assert "launch has 1 ranks but dp*pp*tp = 2*2*2 = 8" in proc.stderr and "Traceback" not in proc.stderr
+    assert (
+        "launch has 1 ranks but dp*pp*tp = 2*2*2 = 8" in proc.stderr
+        and "Traceback" not in proc.stderr
+    )

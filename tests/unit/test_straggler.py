@@ -2,12 +2,23 @@
 flagged; a burst of noise on a healthy rank is not."""
 
 from controller.health import straggler
+from services.api import RankStatus
 
 
-def ranks(*windows: list[float]) -> list[dict]:
-    return [{"rank": i, "worker": f"w{i}", "coord": {"dp": i, "pp": 0, "tp": 0}, "state": "running",
-             "window_n": len(w), "compute_avg": sum(w) / len(w), "compute_min": min(w)}
-            for i, w in enumerate(windows)]
+def ranks(*windows: list[float]) -> list[RankStatus]:
+    return [
+        RankStatus(
+            rank=i,
+            worker=f"w{i}",
+            coord={"dp": i, "pp": 0, "tp": 0},
+            local_rank=0,
+            state="running",
+            window_n=len(w),
+            compute_avg=sum(w) / len(w),
+            compute_min=min(w),
+        )
+        for i, w in enumerate(windows)
+    ]
 
 
 HEALTHY = [0.05, 0.06, 0.05, 0.055, 0.05]
@@ -33,13 +44,16 @@ def test_no_verdict_before_every_rank_has_a_full_window():
 
 def test_a_healthy_rank_never_lucky_in_the_window_is_not_flagged():
     # seen on a shared host: every step of rank 2 >= 85 ms while the others had one fast step
-    noisy = [[0.138, 0.123, 0.150, 0.068, 0.054, 0.080], [0.118, 0.141, 0.139, 0.104, 0.046, 0.121],
-             [0.110, 0.136, 0.141, 0.085, 0.085, 0.085]]
+    noisy = [
+        [0.138, 0.123, 0.150, 0.068, 0.054, 0.080],
+        [0.118, 0.141, 0.139, 0.104, 0.046, 0.121],
+        [0.110, 0.136, 0.141, 0.085, 0.085, 0.085],
+    ]
     assert straggler(ranks(*noisy), 1.5, 6, now=10.0) is None
 
 
 def test_reports_without_compute_min_fall_back_to_the_mean():
     rs = ranks(HEALTHY, [0.6] * 5, HEALTHY)
     for r in rs:
-        del r["compute_min"]
+        r.compute_min = None
     assert straggler(rs, 1.5, 5, now=10.0).rank == 1

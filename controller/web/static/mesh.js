@@ -1,14 +1,21 @@
-// The mesh page: polls the controller's REST API and redraws. No framework, no build step.
+// The mesh page: polls the controller's REST API and redraws. No framework, no build step;
+// the charts are uPlot (vendor/uplot/, loaded before this file as the global `uPlot`).
 // Data is put into the page with textContent only (job names and messages are user input).
 // Styles go through the CSSOM, never a style attribute: the page's CSP allows no inline style.
 "use strict";
 
 const params = new URLSearchParams(location.search);
 const INTERVAL_MS = Number(params.get("interval")) || 1000;
-const HISTORY = 2000; // chart points kept per job
+const HISTORY_POINTS = 1000; // a chart's points: the controller downsamples the history to it
+// The history is read again at most every HISTORY_MS, and less often the longer it is (each
+// read walks the whole stored history on the controller): 10 s at 100,000 points.
+const HISTORY_MS = Math.max(INTERVAL_MS, 2000);
+const historyEvery = (hist) => Math.max(HISTORY_MS, hist.total_points / 10);
 const STATES = ["healthy", "straggler", "dead", "recovering", "spare", "starting", "done", "stopped"];
 
-const view = { job: null, history: new Map(), events: [], lastEvent: "-" };
+// hist: the history document the charts show (GET /v1/jobs/{id}/history); histKey: what the
+// job looked like when it was read (a new step, checkpoint or recovery calls for a new read)
+const view = { job: null, events: [], lastEvent: "-", hist: null, histKey: "", histAt: 0, charts: {} };
 const TOKEN_KEY = "meshkeeper-token";
 
 // The API token (viewer is enough) comes once in the URL fragment, which browsers never send
@@ -67,7 +74,7 @@ function askForToken(reason) {
 // What a cell shows: the rank's reported state, read in the light of the job's phase.
 function displayState(rank, job) {
   const s = rank.state;
-  const f = job.flagged; // a straggler reported rather than replaced, in this generation
+  const f = job.straggler; // a straggler reported rather than replaced, in this generation
   if (s === "straggler" || (f && s === "running" && f.rank === rank.rank && f.generation === job.generation)) {
     return "straggler";
   }
@@ -89,6 +96,7 @@ function select(id) {
   view.job = id;
   view.events = [];
   view.lastEvent = "-";
+  view.hist = null;
   document.getElementById("timeline").replaceChildren();
   if (selectedFromHash() !== id) history.replaceState(null, "", `#/jobs/${id}`);
 }
@@ -146,50 +154,107 @@ function renderMeta(job) {
   const parts = [job.phase, `generation ${job.generation}`, `restarts ${job.restarts}`,
     `step ${job.step}/${job.steps}`, job.loss != null ? `loss ${job.loss.toFixed(4)}` : null,
     job.tokens_per_s != null ? `${Math.round(job.tokens_per_s).toLocaleString()} tok/s` : null, ck];
-  document.getElementById("job-meta").textContent = parts.filter(Boolean).join(" · ");
+  const meta = document.getElementById("job-meta");
+  meta.textContent = parts.filter(Boolean).join(" · ");
+  meta.dataset.phase = job.phase;
 }
 
-function record(job) {
-  if (!view.history.has(job.id)) view.history.set(job.id, new Map());
-  const h = view.history.get(job.id);
-  if (job.step > 0 && job.loss != null) h.set(job.step, { loss: job.loss, tps: job.tokens_per_s });
-  while (h.size > HISTORY) h.delete(h.keys().next().value);
+// The whole history, not what this page happened to poll: it is read from the controller, so
+// a page opened at step 90 shows steps 1..90. Read again only when the job moved on.
+async function pullHistory(job) {
+  const ck = job.last_checkpoint ? job.last_checkpoint.step : "";
+  const key = `${job.step}/${job.generation}/${ck}/${(job.recoveries || []).length}/${job.phase}`;
+  const fresh = view.hist && view.hist.id === job.id;
+  if (fresh && (key === view.histKey || Date.now() - view.histAt < historyEvery(view.hist))) return;
+  const hist = await get(`/v1/jobs/${job.id}/history?max_points=${HISTORY_POINTS}`);
+  if (job.id !== view.job) return;
+  Object.assign(view, { hist, histKey: key, histAt: Date.now() });
+  renderCharts(hist);
 }
 
-function chart(svgId, points) {
-  const svg = document.getElementById(svgId);
-  const W = 400, H = 160, L = 46, B = 18;
-  const ns = "http://www.w3.org/2000/svg";
-  const mk = (tag, attrs, text) => {
-    const e = document.createElementNS(ns, tag);
-    Object.entries(attrs).forEach(([k, v]) => e.setAttribute(k, v));
-    if (text != null) e.textContent = text;
-    return e;
-  };
-  const kids = [mk("line", { class: "axis", x1: L, y1: H - B, x2: W, y2: H - B }),
-    mk("line", { class: "axis", x1: L, y1: 0, x2: L, y2: H - B })];
-  if (points.length) {
-    const xs = points.map((p) => p[0]), ys = points.map((p) => p[1]);
-    const x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = Math.min(...ys), y1 = Math.max(...ys);
-    const sx = (x) => L + (x1 > x0 ? (x - x0) / (x1 - x0) : 0.5) * (W - L - 4);
-    const sy = (y) => 4 + (y1 > y0 ? (y1 - y) / (y1 - y0) : 0.5) * (H - B - 8);
-    kids.push(mk("polyline", { class: "line", points: points.map(([x, y]) => `${sx(x)},${sy(y)}`).join(" ") }),
-      mk("text", { x: 2, y: 12 }, fmt(y1)), mk("text", { x: 2, y: H - B }, fmt(y0)),
-      mk("text", { x: L, y: H - 4 }, `step ${x0}`), mk("text", { x: W - 60, y: H - 4 }, `step ${x1}`));
-  } else {
-    kids.push(mk("text", { x: L + 10, y: H / 2 }, "waiting for steps…"));
+// x must ascend for uPlot. A step redone after a restore appears twice in the history; the
+// later generation's point stands (the earlier one's work was lost with its generation).
+function seriesOf(points) {
+  const byStep = new Map();
+  for (const p of points) byStep.set(p.step, p);
+  const steps = [...byStep.keys()].sort((a, b) => a - b);
+  const pick = (field) => steps.map((s) => byStep.get(s)[field] ?? null);
+  return { steps, loss: pick("loss"), tps: pick("tokens_per_s") };
+}
+
+// A recovery is marked where its fault struck (the furthest step completed then), a checkpoint
+// at the step it saved.
+function marksOf(hist) {
+  return [
+    ...hist.recoveries.map((r) => ({ step: r.last_step, kind: "recovery",
+      label: `recovery ${r.n}: ${r.cause}` + (r.action ? `, ${r.action}` : "") +
+        (r.resumed_step != null ? `, resumed at step ${r.resumed_step}` : "") })),
+    ...hist.checkpoints.map((c) => ({ step: c.step, kind: "checkpoint",
+      label: `checkpoint at step ${c.step} (generation ${c.generation})` })),
+  ];
+}
+
+// The marks are elements over the plot (hover shows what happened), moved on every redraw.
+function placeMarks(u) {
+  for (const { step, node } of u.marks || []) {
+    const x = u.valToPos(step, "x");
+    node.hidden = !(x >= -1 && x <= u.over.clientWidth + 1); // NaN (no data yet) hides it too
+    node.style.left = `${x}px`;
   }
-  svg.replaceChildren(...kids);
 }
 
-function fmt(v) {
-  return Math.abs(v) >= 1000 ? Math.round(v).toLocaleString() : v.toPrecision(4);
+function setMarks(u, marks) {
+  for (const { node } of u.marks || []) node.remove();
+  u.marks = marks.map((m) => {
+    const node = el("div", { class: `mark mark-${m.kind}`, title: m.label,
+      data: { step: String(m.step), kind: m.kind } });
+    u.over.append(node);
+    return { step: m.step, node };
+  });
+  placeMarks(u);
 }
 
-function renderCharts(job) {
-  const h = [...(view.history.get(job.id) || new Map()).entries()].sort((a, b) => a[0] - b[0]);
-  chart("loss-chart", h.map(([s, p]) => [s, p.loss]));
-  chart("tps-chart", h.filter(([, p]) => p.tps != null).map(([s, p]) => [s, p.tps]));
+function chartWidth(box) {
+  return Math.max(240, box.clientWidth);
+}
+
+// The x range covers the marks too: a fault at the newest step is marked before the steps
+// after it arrive.
+function xRange(u, lo, hi) {
+  const steps = (u.marks || []).map((m) => m.step).concat([lo, hi].filter((v) => v != null));
+  if (!steps.length) return [0, 1];
+  const [a, b] = [Math.min(...steps), Math.max(...steps)];
+  return a === b ? [a - 1, b + 1] : [a, b];
+}
+
+function makeChart(boxId, label, stroke) {
+  const box = document.getElementById(boxId);
+  return new uPlot({
+    width: chartWidth(box), height: 180,
+    scales: { x: { time: false, range: xRange } },
+    axes: [{ label: "step" }, { size: 64 }],
+    series: [{ label: "step" }, { label, stroke, width: 1.5, spanGaps: true }],
+    hooks: { draw: [placeMarks] },
+  }, [[], []], box);
+}
+
+function renderCharts(hist) {
+  if (!view.charts.loss) {
+    view.charts.loss = makeChart("loss-chart", "loss", "#1565c0");
+    view.charts.tps = makeChart("tps-chart", "tokens/s", "#6a1b9a");
+  }
+  const { steps, loss, tps } = seriesOf(hist.points);
+  const marks = marksOf(hist);
+  for (const [u, ys] of [[view.charts.loss, loss], [view.charts.tps, tps]]) {
+    setMarks(u, marks); // first: the new data's x range takes them in
+    u.setData([steps, ys]);
+  }
+  const shown = hist.points.length < hist.total_points
+    ? `${hist.points.length.toLocaleString()} shown (each the last of its run of steps)` : "all shown";
+  document.getElementById("chart-note").textContent = hist.total_points
+    ? `${hist.total_points.toLocaleString()} points recorded, ${shown}; ` +
+      `${hist.recoveries.length} recoveries (red), ${hist.checkpoints.length} checkpoints (green)`
+    : "waiting for steps…";
 }
 
 async function pullEvents(id) {
@@ -212,6 +277,8 @@ async function tick() {
   const status = document.getElementById("status");
   try {
     const { jobs } = await get("/v1/jobs?limit=50");
+    // the token works: no form (a tick that began before the token came may have shown it)
+    document.getElementById("login").hidden = true;
     const wanted = selectedFromHash();
     if (wanted) select(wanted);
     else if (!view.job && jobs.length) {
@@ -223,14 +290,12 @@ async function tick() {
       const id = view.job;
       const job = await get(`/v1/jobs/${id}`);
       if (id === view.job) {
-        record(job);
         renderMeta(job);
         renderMesh(job);
-        renderCharts(job);
+        await pullHistory(job);
         await pullEvents(id);
       }
     }
-    document.getElementById("login").hidden = true; // a tick that began before the token came may have shown it
     status.textContent = `updated ${new Date().toLocaleTimeString()}`;
     document.body.dataset.updated = String(Date.now());
   } catch (err) {
@@ -252,6 +317,11 @@ window.addEventListener("hashchange", () => {
   takeTokenFromFragment();
   const id = selectedFromHash();
   if (id) { select(id); refresh(); }
+});
+window.addEventListener("resize", () => {
+  for (const u of Object.values(view.charts)) {
+    u.setSize({ width: chartWidth(u.root.parentElement), height: 180 });
+  }
 });
 takeTokenFromFragment();
 renderLegend();

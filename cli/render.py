@@ -1,0 +1,230 @@
+"""Views of the API's documents for the CLI (rich): tables, a job's detail, progress, recoveries.
+
+On a terminal they get colour; anywhere else (a pipe, a CI log) the same text with no control
+codes, each line as long as it is (never wrapped or cut to 80 columns), so scripts and tests can
+read it. Cell text is never taken as rich markup: ids, paths and messages may hold brackets.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import IO
+
+from rich.console import Console, Group, RenderableType
+from rich.padding import Padding
+from rich.table import Table
+from rich.text import Text
+
+from services import api
+
+PHASE_STYLE = {
+    "Pending": "yellow",
+    "Running": "cyan",
+    "Succeeded": "green",
+    "Failed": "bold red",
+    "Cancelled": "magenta",
+}
+NOT_A_TTY_WIDTH = 100_000  # lines in a pipe or a log: as long as they are
+
+
+def console(file: IO[str] | None = None) -> Console:
+    file = file or sys.stdout
+    tty = file.isatty()
+    return Console(
+        file=file,
+        width=None if tty else NOT_A_TTY_WIDTH,
+        no_color=not tty,
+        markup=False,
+        emoji=False,
+        highlight=False,
+    )
+
+
+def table(headers: list[str], rows: list[list[str | Text]]) -> Table:
+    """Columns two spaces apart, no borders: as plain to read in a log as on a terminal."""
+    t = Table(*headers, box=None, pad_edge=False, header_style="bold", show_edge=False)
+    for r in rows:
+        t.add_row(*(c if isinstance(c, Text) else Text(c) for c in r))
+    return t
+
+
+def phase(p: str) -> Text:
+    return Text(p, style=PHASE_STYLE.get(p, ""))
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    return (
+        f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+    )
+
+
+def num(v: float | None, fmt: str = ".4f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def shape(s: api.Coordinate) -> str:
+    return f"dp{s.dp}·pp{s.pp}·tp{s.tp}"
+
+
+def jobs_table(jobs: list[api.JobSummary]) -> RenderableType:
+    now = time.time()
+    rows = [
+        [
+            j.id,
+            phase(j.phase),
+            f"{j.step}/{j.steps}",
+            num(j.loss),
+            shape(j.mesh_shape),
+            duration(now - j.submitted_at) if j.submitted_at else "-",
+        ]
+        for j in jobs
+    ]
+    return table(["JOB", "PHASE", "STEP", "LOSS", "MESH", "AGE"], rows) if rows else "no jobs"
+
+
+def workers_table(workers: list[api.Worker]) -> RenderableType:
+    rows = [
+        [
+            w.id,
+            w.host or "-",
+            w.address or "-",
+            str(w.devices),
+            w.state,
+            w.job or "-",
+            w.role or "-",
+            f"{w.last_seen_s:.1f}s",
+        ]
+        for w in workers
+    ]
+    return (
+        table(["WORKER", "HOST", "ADDRESS", "DEV", "STATE", "JOB", "ROLE", "SEEN"], rows)
+        if rows
+        else "no workers registered"
+    )
+
+
+def job_detail(j: api.JobStatus) -> Group:
+    head = Text.assemble(f"job {j.id} ({j.name}): ", phase(j.phase))
+    out: list[RenderableType] = [
+        head,
+        Text(
+            f"  step {j.step}/{j.steps}  loss {num(j.loss)}  {num(j.tokens_per_s, ',.0f')} "
+            f"tokens/s  ETA {duration(j.eta_s)}  generation {j.generation}  "
+            f"restarts {j.restarts}"
+        ),
+    ]
+    if j.last_checkpoint:
+        c = j.last_checkpoint
+        out.append(Text(f"  last checkpoint: step {c.step} at {c.path}"))
+    if j.straggler:
+        s = j.straggler
+        out.append(
+            Text(
+                f"  straggler: rank {s.rank} on {s.worker} (generation {s.generation}), "
+                "reported, not replaced",
+                style="yellow",
+            )
+        )
+    out.append(
+        _indent(
+            table(
+                ["CONDITION", "STATUS", "REASON", "MESSAGE"],
+                [[c.type, c.status, c.reason, c.message] for c in j.conditions],
+            )
+        )
+    )
+    m = j.mesh
+    if m.ranks:
+        out.append(
+            Text(f"  mesh {shape(m.shape)}, generation {m.generation}, rendezvous {m.rendezvous}:")
+        )
+        out.append(_indent(mesh_table(m)))
+        if m.spares:
+            out.append(Text(f"  spares: {', '.join(m.spares)}"))
+    return Group(*out)
+
+
+def _indent(t: Table) -> Padding:
+    return Padding(t, (0, 0, 0, 2), expand=False)
+
+
+def mesh_table(m: api.Mesh) -> Table:
+    """One row per (DP replica, PP stage), one column per TP rank: 'r3@w3:running'."""
+    by = {(r.coord.dp, r.coord.pp, r.coord.tp): r for r in m.ranks}
+    rows = []
+    for d in range(m.shape.dp):
+        for p in range(m.shape.pp):
+            cells = [by.get((d, p, t)) for t in range(m.shape.tp)]
+            rows.append(
+                [str(d), str(p), *(f"r{r.rank}@{r.worker}:{r.state}" if r else "?" for r in cells)]
+            )
+    return table(["DP", "PP", *(f"TP{t}" for t in range(m.shape.tp))], rows)
+
+
+def _reason(j: api.JobStatus) -> str:
+    reason = next((c.reason for c in j.conditions if c.type == "Running"), "")
+    return f" ({reason})" if j.phase in ("Pending", "Running") and reason else ""
+
+
+def progress_info(j: api.JobStatus) -> str:
+    """Everything about a job's progress but the bar and the step."""
+    return (
+        f"loss {num(j.loss)}  {num(j.tokens_per_s, ',.0f')} tok/s  ETA {duration(j.eta_s)}  "
+        f"{j.phase}{_reason(j)}"
+    )
+
+
+def progress_line(j: api.JobStatus) -> str:
+    """One line of progress for a log: what a terminal sees as a live bar."""
+    return f"step {j.step}/{j.steps}  {progress_info(j)}"
+
+
+def summary(j: api.JobStatus) -> Text:
+    took = (j.finished_at - j.started_at) if j.finished_at and j.started_at else None
+    end = next(
+        (c for c in j.conditions if c.type in ("Succeeded", "Failed") and c.status == "True"), None
+    )
+    return Text.assemble(
+        f"job {j.id}: ",
+        phase(j.phase),
+        f" ({end.reason}: {end.message})" if end else "",
+        f"\n  steps {j.step}/{j.steps}, final loss {num(j.loss)}, "
+        f"{num(j.tokens_per_s, ',.0f')} tokens/s, training time {duration(took)}, "
+        f"mesh {shape(j.mesh_shape)}, generation {j.generation}, restarts {j.restarts}",
+    )
+
+
+def recovery(r: api.Recovery) -> Text:
+    """What failed, what replaced it, and each phase's duration."""
+    f = r.faults[0] if r.faults else None
+    what = (
+        f"{r.cause}: rank {f.rank} (dp={f.coord['dp']} pp={f.coord['pp']} "
+        f"tp={f.coord['tp']}) on {f.worker}"
+        if f
+        else r.cause
+    )
+    moved = ", ".join(f"{m['old']} -> {m['new']}" for m in r.replaced)
+    action = (
+        f"{r.action}"
+        + (f" ({moved})" if moved else "")
+        + (
+            f", mesh now dp{r.to_shape[0]} pp{r.to_shape[1]} tp{r.to_shape[2]}"
+            if r.to_shape
+            else ""
+        )
+    )
+    line = f"recovery {r.n}: {what} -> {action}"
+    if r.durations:
+        d = r.durations
+        line += (
+            f"\n  resumed at step {r.resumed_step} ({r.steps_lost} steps redone); detect "
+            f"{d['detect_s']:.2f}s, decide {d['decide_s']:.2f}s, "
+            f"rendezvous {d['rendezvous_s']:.2f}s, restore {d['restore_s']:.2f}s, "
+            f"first step {d['first_step_s']:.2f}s = {d['total_s']:.2f}s from fault to "
+            "training"
+        )
+    return Text(line, style="bold yellow")

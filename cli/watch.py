@@ -1,0 +1,87 @@
+"""Follow a job until it ends: its progress, each recovery as it completes, the summary.
+
+A terminal gets a live progress bar (rich) with the recoveries printed above it; a pipe or a
+CI log gets plain progress lines, only when they change and at most every 2 s."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn
+
+from cli import render
+from services import api
+from services.client import Client
+
+TERMINAL = ("Succeeded", "Failed", "Cancelled")
+LOG_EVERY_S = 2.0
+
+
+class LiveBar:
+    def __init__(self, out: Console):
+        self.progress = Progress(
+            TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
+            BarColumn(),
+            TextColumn("{task.fields[info]}", markup=False),
+            console=out,
+        )
+        self.task: TaskID | None = None  # added with the first status: its step count
+
+    def __enter__(self) -> LiveBar:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def show(self, j: api.JobStatus) -> None:
+        if self.task is None:
+            self.task = self.progress.add_task("", total=j.steps, info="")
+        self.progress.update(
+            self.task, completed=j.step, total=j.steps, info=render.progress_info(j)
+        )
+
+
+class LogLines:
+    def __init__(self, out: Console):
+        self.out, self.last, self.printed_at = out, "", 0.0
+
+    def __enter__(self) -> LogLines:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def show(self, j: api.JobStatus) -> None:
+        line = render.progress_line(j)
+        due = time.monotonic() - self.printed_at > LOG_EVERY_S or j.phase in TERMINAL
+        if line != self.last and due:
+            self.out.print(line)
+            self.printed_at = time.monotonic()
+        self.last = line
+
+
+def watch(
+    c: Client, job_id: str, interval: float, on_poll: Callable[[api.JobStatus], None] | None = None
+) -> int:
+    """Live progress until the job ends; exit 0 only if it succeeded. Recoveries are
+    printed as they complete; `on_poll(job)` runs on every poll (the demo's fault)."""
+    out = render.console()
+    shown = 0
+    with LiveBar(out) if out.is_terminal else LogLines(out) as view:
+        while True:
+            j = c.job(job_id)
+            if on_poll:
+                on_poll(j)
+            done = [r for r in j.recoveries if r.completed_at]
+            for rec in done[shown:]:
+                out.print(render.recovery(rec))  # on a terminal: above the live bar
+            shown = len(done)
+            view.show(j)
+            if j.phase in TERMINAL:
+                break
+            time.sleep(interval)
+    out.print(render.summary(j))
+    return 0 if j.phase == "Succeeded" else 1

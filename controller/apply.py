@@ -1,0 +1,301 @@
+"""The scheduler's writes: each decision of a pass becomes one fenced transaction
+(docs/architecture.md, "Generation and fencing"), so a controller that lost the lease
+mid-pass changes nothing. Decisions come from controller/faults.py (running jobs) and from
+the scheduler itself (placing, waiting, cancelling).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+from controller import history, quarantine
+from controller.decisions import (
+    Complete,
+    Decision,
+    Finish,
+    FlagStraggler,
+    Grow,
+    Recover,
+    SetGrowAfter,
+    WaitForCapacity,
+)
+from controller.jobs import Job
+from controller.passes import JobView, Pass
+from controller.ranks import summarize
+from controller.recovery import Layout
+from services.api import RankStatus
+from services.assignment import FINAL_RANK_STATES, Assignment
+from services.records import HistoryPoint, RecoveryRecord
+from services.store import Tx
+
+log = logging.getLogger("meshkeeper.scheduler")
+KEEP_RECORDS = 50  # recoveries kept on the job, newest last
+
+
+def enact(ctx: Pass, view: JobView, d: Decision) -> bool:
+    """Write `d` if it starts, stops or ends a generation; True when it did. Other decisions
+    only change the job's record: `note` them, and `progress` writes them."""
+    job = view.job
+    if isinstance(d, Finish):
+        if d.restart:  # the fault that reached max_restarts counts as one
+            job.restarts += 1
+        finish(ctx, view, d.outcome, d.reason, d.message, d.blame)
+    elif isinstance(d, Recover):
+        job.restarts += 1
+        ctx.pool.take(d.layout.moved.values())
+        _next_generation(ctx, view, d.layout, d.record, d.reason, d.message, "Warning", d.blame)
+    elif isinstance(d, Grow):
+        ctx.pool.take(r.wid for r in d.layout.ranks)
+        _next_generation(
+            ctx, view, d.layout, d.record, "GrowingDP", d.message, "Normal", quarantine.Blame()
+        )
+    elif isinstance(d, WaitForCapacity):
+        job.restarts += 1
+        _stop_for_capacity(ctx, view, d)
+    else:
+        return False
+    return True
+
+
+def note(ctx: Pass, view: JobView, d: Decision, tx: Tx) -> None:
+    """Apply a decision that keeps the generation to the job record, its event to `tx`."""
+    job = view.job
+    if isinstance(d, Complete):
+        job.recoveries[-1] = d.record
+        job.set("Recovering", False, "Recovered", d.message, ctx.now)
+        job.set("Running", True, "Training", _training(job, view.ranks), ctx.now)
+        tx.event(
+            ctx.keys.job_events(job.id), ctx.event("Normal", "Recovered", d.message, job.generation)
+        )
+        log.info("job %s: %s", job.id, d.message)
+    elif isinstance(d, FlagStraggler):
+        job.straggler = d.flag
+        tx.event(
+            ctx.keys.job_events(job.id),
+            ctx.event("Warning", "StragglerDetected", d.message, job.generation),
+        )
+    elif isinstance(d, SetGrowAfter):
+        if d.step is None:
+            job.current.pop("grow_after", None)
+        else:
+            job.current["grow_after"] = d.step
+    else:
+        raise TypeError(f"{type(d).__name__} changes the generation: enact it")
+
+
+def progress(ctx: Pass, view: JobView, tx: Tx, changed: bool) -> None:
+    """The job's step, loss and speed from its ranks, `Training` once every rank trains,
+    and whatever `tx` holds already: one transaction, written if anything changed (`changed`:
+    the caller changed the record already, e.g. by `note`)."""
+    job = view.job
+    changed = _absorb(ctx, job, view.ranks, tx) or changed
+    if job.step > 0 and not job.open_recovery and all(r.state == "running" for r in view.ranks):
+        changed = (
+            job.set("Running", True, "Training", _training(job, view.ranks), ctx.now) or changed
+        )
+    if changed:
+        ctx.commit(tx.hset(ctx.keys.job(job.id), job.fields()))
+
+
+def _training(job: Job, ranks: list[RankStatus]) -> str:
+    return f"generation {job.generation}: all {len(ranks)} ranks training"
+
+
+def _absorb(ctx: Pass, job: Job, ranks: list[RankStatus], tx: Tx) -> bool:
+    """Take the ranks' progress into the job; a step that advanced adds a history point
+    (controller/history.py) to `tx`, the transaction that writes the step."""
+    before = (job.step, job.loss, job.tokens_per_s, job.step_s)
+    job.absorb(summarize(ranks))
+    if job.step > before[0]:
+        history.append(
+            tx,
+            ctx.keys,
+            job.id,
+            HistoryPoint(
+                step=job.step,
+                time=ctx.now,
+                loss=job.loss,
+                tokens_per_s=job.tokens_per_s,
+                step_s=job.step_s,
+                generation=job.generation,
+            ),
+        )
+    return (job.step, job.loss, job.tokens_per_s, job.step_s) != before
+
+
+# -- generations ----------------------------------------------------------------------
+def start_generation(
+    ctx: Pass,
+    job: Job,
+    layout: Layout,
+    old: Assignment | None,
+    reason: str,
+    tx: Tx,
+    *,
+    tp_split: bool = False,
+    event: tuple[str, str, str] | None = None,
+) -> Assignment:
+    """Add generation+1 to `tx`: the assignment, every worker's pointer, and the release of
+    workers of `old` that the new generation no longer uses. Agents of a superseded
+    generation stop their trainers; a fresh rendezvous port fences them out."""
+    k = ctx.keys
+    wids = list(dict.fromkeys([r.wid for r in layout.ranks] + layout.spares))
+    infos = ctx.store.workers(wids)
+    master = infos[layout.ranks[0].wid].get("address", "127.0.0.1")
+    gen = job.generation + 1
+    shrunk = layout.shape.dp != job.target_dp
+    asg = Assignment(
+        job.id,
+        gen,
+        layout.shape,
+        master,
+        pick_port(ctx, master),
+        layout.ranks,
+        layout.spares,
+        tp_split,
+        layout.microbatches if shrunk else None,
+    )
+    job.generation = gen
+    job.current = {"dp": layout.shape.dp, "microbatches": layout.microbatches} if shrunk else {}
+    where = _where(asg)
+    job.set(
+        "Running",
+        True,
+        reason,
+        f"generation {gen} placed on {where}; rendezvous {asg.master_addr}:{asg.master_port}",
+        ctx.now,
+    )
+    tx.hset(k.job(job.id), job.fields())
+    tx.delete(k.job_assignment(job.id)).hset(k.job_assignment(job.id), asg.to_fields())
+    for wid in asg.workers:
+        role = "rank" if asg.ranks_of(wid) else "spare"
+        tx.delete(k.worker_assignment(wid))
+        tx.hset(k.worker_assignment(wid), {"job": job.id, "generation": gen, "role": role})
+        tx.publish(k.worker_assignment(wid), job.id)
+    for wid in old.workers if old else []:
+        if wid not in asg.workers:
+            _release(ctx, tx, job.id, wid)
+    kind, why, msg = event or (
+        "Normal",
+        "Placed",
+        f"generation {gen} on {where}"
+        + (" (a TP group spans hosts: no host had room for it)" if tp_split else ""),
+    )
+    tx.event(k.job_events(job.id), ctx.event(kind, why, msg, gen))
+    return asg
+
+
+def _where(asg: Assignment) -> str:
+    return f"{len(set(r.wid for r in asg.ranks))} workers" + (
+        f" + {len(asg.spares)} spares" if asg.spares else ""
+    )
+
+
+def pick_port(ctx: Pass, master: str) -> int:
+    """A fresh rendezvous port, not one an open job on the same host uses."""
+    used = set()
+    for jid in ctx.store.job_ids(open_only=True):
+        a = ctx.store.job_assignment(jid)
+        if a.get("master_addr") == master:
+            used.add(int(a.get("master_port", 0)))
+    lo, hi = ctx.cfg.rdzv_ports
+    while True:
+        port = random.randrange(lo, hi)
+        if port not in used:
+            return port
+
+
+def _release(ctx: Pass, tx: Tx, jid: str, wid: str) -> None:
+    """Drop `wid`'s pointer if it still names `jid`, and wake its agent."""
+    tx.delete_if(ctx.keys.worker_assignment(wid), "job", jid)
+    tx.publish(ctx.keys.worker_assignment(wid), jid)
+
+
+def _keep(job: Job, record: RecoveryRecord) -> None:
+    job.recoveries = (job.recoveries + [record])[-KEEP_RECORDS:]
+
+
+def _next_generation(
+    ctx: Pass,
+    view: JobView,
+    layout: Layout,
+    record: RecoveryRecord,
+    reason: str,
+    msg: str,
+    kind: str,
+    blame: quarantine.Blame,
+) -> None:
+    """Record the recovery and write its generation (and the blame), in one transaction."""
+    job = view.job
+    record.to_generation, record.decided_at = job.generation + 1, ctx.store.now()
+    _keep(job, record)
+    job.set("Recovering", True, reason, msg, ctx.now)
+    tx = Tx()
+    quarantine.write(tx, ctx, job.id, job.generation, blame)
+    event = "RecoveryStarted" if kind == "Warning" else reason
+    start_generation(ctx, job, layout, view.asg, "Recovering", tx, event=(kind, event, msg))
+    ctx.commit(tx)
+    log.log(logging.WARNING if kind == "Warning" else logging.INFO, "job %s: %s", job.id, msg)
+
+
+def _stop_for_capacity(ctx: Pass, view: JobView, d: WaitForCapacity) -> None:
+    """Stop the generation and release its workers; the scheduler places the job again (at
+    its current dp) as soon as they fit."""
+    job = view.job
+    _keep(job, d.record)
+    job.set("Recovering", True, "WaitingForCapacity", d.message, ctx.now)
+    job.set("Running", False, "WaitingForCapacity", d.message, ctx.now)
+    tx = Tx()
+    quarantine.write(tx, ctx, job.id, job.generation, d.blame)
+    tx.hset(ctx.keys.job(job.id), job.fields())
+    for wid in view.asg.workers:
+        _release(ctx, tx, job.id, wid)
+    tx.event(
+        ctx.keys.job_events(job.id),
+        ctx.event("Warning", "WaitingForCapacity", d.message, job.generation),
+    )
+    ctx.commit(tx)
+    log.warning("job %s: %s", job.id, d.message)
+
+
+# -- endings and waits ----------------------------------------------------------------
+def finish(
+    ctx: Pass,
+    view: JobView,
+    outcome: str,
+    reason: str,
+    message: str,
+    blame: quarantine.Blame | None = None,
+) -> None:
+    """Terminal state, the final rank view kept on the job, and every worker released."""
+    job, tx = view.job, Tx()
+    _absorb(ctx, job, view.ranks, tx)
+    # ranks still going are being stopped by this very transaction
+    job.final_ranks = [
+        r if r.state in FINAL_RANK_STATES else r.model_copy(update={"state": "stopped"})
+        for r in view.ranks
+    ]
+    job.finished_at = ctx.now
+    job.set("Running", False, reason, message, ctx.now)
+    job.set(outcome, True, reason, message, ctx.now)
+    if blame is not None:
+        quarantine.write(tx, ctx, job.id, job.generation, blame)
+    tx.hset(ctx.keys.job(job.id), job.fields()).zrem(ctx.keys.jobs_open(), job.id)
+    for wid in view.asg.workers if view.asg else []:
+        _release(ctx, tx, job.id, wid)
+    kind = "Normal" if outcome == "Succeeded" else "Warning"
+    tx.event(ctx.keys.job_events(job.id), ctx.event(kind, reason, message, job.generation))
+    ctx.commit(tx)
+    log.info("job %s: %s (%s) %s", job.id, outcome, reason, message)
+
+
+def waiting(ctx: Pass, job: Job, reason: str, msg: str) -> None:
+    """Mark a job that cannot start now (Running False with `reason`); an event when it
+    starts waiting, not on every change of the count in the message."""
+    was = (job.condition("Running") or {}).get("reason")
+    if job.set("Running", False, reason, msg, ctx.now):
+        tx = Tx().hset(ctx.keys.job(job.id), job.fields())
+        if was != reason:
+            tx.event(ctx.keys.job_events(job.id), ctx.event("Normal", reason, msg, job.generation))
+        ctx.commit(tx)

@@ -1,0 +1,45 @@
+"""Following a running job: read its ranks, let fault handling decide, write the outcome."""
+
+from __future__ import annotations
+
+from controller import apply, faults
+from controller.availability import RedisAvailability
+from controller.jobs import Job
+from controller.passes import JobView, Pass
+from controller.ranks import rank_view
+from services.assignment import Assignment
+from services.store import Tx
+
+
+def follow(ctx: Pass, job: Job, availability: RedisAvailability) -> None:
+    asg = Assignment.from_fields(ctx.store.job_assignment(job.id))
+    if asg is None or asg.generation != job.generation:
+        return  # being rewritten; next pass
+    seen = ctx.store.last_seen(asg.workers)
+    progress = ctx.store.progress(asg.workers)
+    dead_after = job.spec.fault_tolerance.dead_after_s
+    # Silence (heartbeat age, frozen progress) counts only if Redis could take the agents'
+    # reports all along: after a stall or restart of Redis, or a gap in our own access to
+    # it, nothing is judged until it has been available for a full dead_after_s again
+    # (controller/availability.py). The probe comes after the reads above, so a stall
+    # between `now` and them is seen too.
+    availability.probe(ctx.store)
+    judge = seen if availability.steady(dead_after) else None
+    alive = {w for w, t in seen.items() if ctx.now - t <= dead_after} if judge is not None else None
+    view = JobView(job, asg, rank_view(asg, progress, alive))
+    if all(r.state == "succeeded" for r in view.ranks):
+        apply.finish(
+            ctx,
+            view,
+            "Succeeded",
+            "AllRanksSucceeded",
+            f"{len(view.ranks)} ranks finished {job.total_steps} steps",
+        )
+        return
+    decision = faults.decide(ctx, view, judge)
+    if decision is not None and apply.enact(ctx, view, decision):
+        return
+    tx = Tx()
+    if decision is not None:
+        apply.note(ctx, view, decision, tx)
+    apply.progress(ctx, view, tx, changed=decision is not None)

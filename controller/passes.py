@@ -1,0 +1,96 @@
+"""What one reconcile pass of the lease holder knows, handed explicitly to everything it calls.
+
+A `Pass` is built at the start of `Scheduler.run_once` and dropped at its end: the store and
+its keys, the lease every write is fenced on, the pass's Redis server time, the idle workers
+(`FreePool`), the live pool (read once, at first need), and the controller's config and id.
+A `JobView` is one running job as the pass sees it: its record, its current assignment and
+the ranks' reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from controller.admission import PoolWorker, Quotas, live_pool
+from controller.jobs import Job
+from controller.placement import FreeWorker
+from services.api import RankStatus
+from services.assignment import Assignment
+from services.store import Keys, Store, Tx
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    worker_alive_s: float = 3.0  # a worker silent longer than this is not placed on
+    rdzv_ports: tuple[int, int] = (20000, 32000)  # below Linux's ephemeral range
+    # Backfill bound (docs/control-plane.md, "Scheduling"): a job that fits the pool but has
+    # waited this long gets first claim on freed workers; later jobs stop backfilling past it.
+    reserve_after_s: float = 300.0
+    quotas: Quotas = Quotas()
+
+
+class FreePool:
+    """The idle workers of one reconcile pass, read from Redis once (at first need). Whatever
+    hands workers to a job in the pass (a pending job's start, a recovery, a grow-back) picks
+    from `workers` and `take`s what it used, so no worker goes to two jobs in one pass.
+    Workers released during the pass are not added: they are offered in the next one."""
+
+    def __init__(self, read: Callable[[], list[FreeWorker]]):
+        self._read = read
+        self._workers: list[FreeWorker] | None = None
+
+    @property
+    def workers(self) -> list[FreeWorker]:
+        if self._workers is None:
+            self._workers = self._read()
+        return list(self._workers)
+
+    def take(self, wids: Iterable[str]) -> None:
+        """Remove `wids` (those that are in the pool) for the rest of this pass."""
+        gone = set(wids)
+        self._workers = [w for w in self.workers if w.wid not in gone]
+
+
+@dataclass
+class Pass:
+    store: Store
+    cfg: SchedulerConfig
+    controller: str  # this replica's id, the `source` of its events
+    lease: str  # every write of the pass is fenced on it
+    now: float  # Redis server time at the start of the pass
+    pool: FreePool
+    _live: list[PoolWorker] | None = field(default=None, repr=False)
+
+    @property
+    def keys(self) -> Keys:
+        return self.store.keys
+
+    def live(self) -> list[PoolWorker]:
+        """Every live registered worker, busy too (what a job could have were all idle)."""
+        if self._live is None:
+            self._live = live_pool(self.store, self.cfg.worker_alive_s)
+        return self._live
+
+    def commit(self, tx: Tx) -> None:
+        self.store.commit(tx, self.lease)
+
+    def event(self, kind: str, reason: str, message: str, generation: int) -> dict:
+        """A job event as this controller writes it (`Tx.event`)."""
+        return {
+            "time": self.now,
+            "type": kind,
+            "reason": reason,
+            "message": message,
+            "generation": generation,
+            "source": f"controller/{self.controller}",
+        }
+
+
+@dataclass
+class JobView:
+    """A running job in this pass: the record, its current assignment, its ranks."""
+
+    job: Job
+    asg: Assignment | None
+    ranks: list[RankStatus]

@@ -1,0 +1,60 @@
+"""Placing a waiting job: the idle workers of the pass and a job's start on them."""
+
+from __future__ import annotations
+
+import logging
+
+from controller import quarantine
+from controller.apply import start_generation
+from controller.jobs import Job
+from controller.passes import Pass
+from controller.placement import FreeWorker, Placement, natural_key, place
+from controller.recovery import Layout
+from services.mesh import MeshShape
+from services.store import Store, Tx, loads
+
+log = logging.getLogger("meshkeeper.scheduler")
+
+
+def free_workers(store: Store, alive_s: float, now: float) -> list[FreeWorker]:
+    """Alive workers whose agent is idle and that no job holds, in name order, without the
+    quarantined; only workers the controller registered at join (`joined_at`): a name that
+    is only in `workers:seen` (any agent may beat there) never gets a rank."""
+    alive = sorted(store.alive_workers(alive_s, now), key=natural_key)
+    wids = quarantine.admissible(store, alive, now)
+    infos, pointers = store.workers(wids), store.assignments(wids)
+    out = []
+    for w in wids:
+        info = infos[w]
+        if info.get("joined_at") and info.get("state") == "idle" and not pointers[w]:
+            host = loads(info.get("labels"), {}).get("host") or info.get("host", "?")
+            out.append(
+                FreeWorker(w, host, info.get("address", "127.0.0.1"), int(info.get("devices", 1)))
+            )
+    return out
+
+
+def try_start(ctx: Pass, job: Job) -> Placement | None:
+    """Start `job` on workers of the pass's pool (and take them), if they fit."""
+    p = job.spec.parallel
+    shape = MeshShape(job.dp, p.pp, p.tp)  # smaller than the spec's after a shrink
+    placed = place(shape, job.spec.fault_tolerance.spares, ctx.pool.workers)
+    if placed is None:
+        return None
+    job.started_at = job.started_at or ctx.now
+    layout = Layout(shape, placed.ranks, job.microbatches or p.microbatches, {}, placed.spares)
+    rec = job.open_recovery  # a recovery that waited for capacity ends here
+    if rec:
+        rec.to_generation, rec.decided_at = job.generation + 1, ctx.now
+    tx = Tx()
+    asg = start_generation(ctx, job, layout, None, "Starting", tx, tp_split=placed.tp_split)
+    ctx.commit(tx)
+    ctx.pool.take(placed.workers)
+    log.info(
+        "job %s: generation %d on %d workers%s",
+        job.id,
+        asg.generation,
+        len({r.wid for r in asg.ranks}),
+        f" + {len(asg.spares)} spares" if asg.spares else "",
+    )
+    return placed

@@ -1,0 +1,136 @@
+"""The records that cross a process boundary, each spelled once (docs/architecture.md, "Records").
+
+A trainer writes `StepRecord` lines to its metrics file; its agent folds them into one
+`RankReport` per rank and publishes the reports in `worker:{wid}:progress`; the controller
+reads them back as `RankReport`, joins them with the assignment (`api.RankStatus` is a
+`RankReport` plus the rank's place in the mesh) and keeps `RecoveryRecord`s and
+`HistoryPoint`s on the job. One model per record, validated where it is read, so a field
+renamed on one side fails a test instead of reading as None on the other.
+
+Step numbering, everywhere: `step` is the number of optimizer steps completed. The trainer
+that has just run step index i (0-based) reports step i + 1; a checkpoint taken after it is
+checkpoint `step` i + 1 and a restore from it runs index i + 1 next.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Record(BaseModel):
+    # extra="ignore": a newer writer may add fields; an older reader must still parse it.
+    model_config = ConfigDict(extra="ignore")
+
+
+class StepRecord(Record):
+    """One line a trainer writes to its metrics file after each optimizer step."""
+
+    step: int  # steps completed (see the module docstring)
+    loss: float
+    tokens_per_s: float
+    step_s: float
+    compute_s: float  # this rank's own work, excluding time blocked in collectives
+    wait_s: float  # time blocked in collectives (pipeline bubbles, all-reduces)
+    lr: float
+    grad_norm: float | None = None
+    rank: int
+    time: float  # the trainer's wall clock (time.time()) when the step ended
+
+
+class RankReport(Record):
+    """What an agent publishes for one rank it runs (the `ranks` field of
+    `worker:{wid}:progress`, a JSON object keyed by rank). Times are Redis server time."""
+
+    state: str = "assigned"  # assigned | starting | running | succeeded | failed | stopped | lost
+    step: int = 0  # steps completed
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    step_s: float | None = None
+    compute_s: float | None = None
+    wait_s: float | None = None
+    pid: int | None = None  # the trainer process on its worker's host
+    exit_code: int | None = None
+    error: str | None = None  # why a rank failed, when no exit code tells
+    log: str | None = None
+    # milestones of this generation (fault handling times the recovery phases from them)
+    started_at: float | None = None
+    rendezvous_at: float | None = None
+    ready_at: float | None = None
+    start_step: int | None = None  # the step it resumed at
+    first_step_at: float | None = None
+    exited_at: float | None = None
+    progress_at: float | None = None  # last time anything was heard from the trainer
+    # blame evidence (controller/health.py)
+    compute_avg: float | None = None  # over the straggler window
+    compute_min: float | None = None
+    window_n: int = 0
+    proc_state: str | None = None  # R, S, D, T... from the process table
+    coll_entered: int | None = None  # collective-phase counters (worker/progress.py)
+    coll_left: int | None = None
+    cpu_busy: bool | None = None
+    peak_rss: int | None = None  # bytes
+    oom: dict[str, Any] | None = None  # set when the exit was an OOM kill
+
+
+class FaultRecord(Record):
+    """One faulty rank, as fault handling saw it."""
+
+    cause: (
+        str  # TrainerKilled | WorkerDead | RankHung | Straggler | TrainerFailed | RepeatedFailures
+    )
+    rank: int
+    worker: str
+    coord: dict[str, int]
+    fault_at: float
+    detail: str
+
+
+class Quarantine(Record):
+    worker: str
+    until: float
+    cause: str
+
+
+class RecoveryRecord(Record):
+    """One recovery: why, what was done, and how long each phase took."""
+
+    n: int
+    cause: str  # a FaultRecord cause, or CapacityReturned for a planned grow
+    action: str | None = None  # replace | shrink | restart | wait | grow
+    faults: list[FaultRecord] = []
+    replaced: list[dict[str, str]] = []  # {old, new} workers
+    quarantined: list[Quarantine] = []
+    from_generation: int
+    to_generation: int | None = None
+    to_shape: list[int] | None = None  # [dp, pp, tp]
+    fault_at: float
+    detected_at: float
+    decided_at: float | None = None
+    completed_at: float | None = None
+    last_step: int = 0  # the furthest step any rank had completed when the fault was seen
+    resumed_step: int | None = None
+    steps_lost: int | None = None
+    # detect_s, decide_s, rendezvous_s, restore_s, first_step_s, total_s
+    durations: dict[str, float] | None = None
+
+
+class StragglerFlag(Record):
+    """A straggler reported rather than replaced (action: report, or no spare), once per
+    rank and generation."""
+
+    rank: int
+    worker: str
+    generation: int
+
+
+class HistoryPoint(Record):
+    """One point of a job's training history (the page's charts, `GET .../history`)."""
+
+    step: int
+    time: float
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    step_s: float | None = None
+    generation: int

@@ -1,0 +1,123 @@
+"""The agent's side of the records (worker/agent/metrics_tail.py, rank_progress.py): a trainer's
+metrics file read as it grows, and the RankReport fields folded from it."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from services.records import RankReport, StepRecord
+from worker.agent.metrics_tail import (
+    CheckpointCommitted,
+    MetricsTail,
+    Milestone,
+    OtherEvent,
+    Restored,
+)
+from worker.agent.rank_progress import RankProgress
+
+
+def step(n: int, compute_s: float = 0.1, time: float = 1000.0) -> dict:
+    return {
+        "step": n,
+        "loss": 5.0 - n / 10,
+        "tokens_per_s": 800.0,
+        "step_s": 0.2,
+        "compute_s": compute_s,
+        "wait_s": 0.05,
+        "lr": 1e-3,
+        "grad_norm": 1.5,
+        "rank": 0,
+        "time": time,
+    }
+
+
+def test_a_partial_line_waits_for_its_newline(tmp_path):
+    path = tmp_path / "metrics-0.jsonl"
+    tail = MetricsTail(path, rank=0)
+    assert tail.read() == []  # no file yet: the trainer has not opened it
+    whole = json.dumps(step(1)) + "\n"
+    second = json.dumps(step(2))
+    path.write_text(whole + second[:17])
+    first = tail.read()
+    assert first == [StepRecord(**step(1))]
+    with path.open("a") as f:
+        f.write(
+            second[17:]
+            + "\n"
+            + json.dumps(
+                {"event": "checkpoint", "step": 2, "path": "/c/2", "keep": 3, "blocking_s": 0.01}
+            )
+            + "\n"
+        )
+    rest = tail.read()
+    assert rest == [
+        StepRecord(**step(2)),
+        CheckpointCommitted(event="checkpoint", step=2, path="/c/2", keep=3, blocking_s=0.01),
+    ]
+    assert tail.read() == []
+
+
+def test_events_are_typed_and_a_bad_line_is_skipped_with_a_warning(tmp_path, caplog):
+    path = tmp_path / "metrics-3.jsonl"
+    lines = [
+        {"event": "started", "started_at": 10.0},
+        {"event": "restored", "step": 40, "restore_s": 0.5},
+        {"event": "ready", "ready_at": 12.0, "start_step": 40},
+        {"step": 41, "loss": "not a number"},
+        {"event": "done", "final_loss": 1.0, "steps": 10},
+    ]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n")
+    with caplog.at_level(logging.WARNING, "meshkeeper.agent"):
+        got = MetricsTail(path, rank=3).read()
+    assert got == [
+        Milestone(event="started", started_at=10.0),
+        Restored(event="restored", step=40, restore_s=0.5),
+        Milestone(event="ready", ready_at=12.0, start_step=40),
+        OtherEvent(event="done"),
+    ]
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2 and all(m.startswith("rank 3: unreadable metrics line") for m in warned)
+    assert "loss" in warned[0] and "not json" in warned[1]
+
+
+def test_step_is_the_trainers_completed_steps_and_the_resume_step_before_the_first():
+    p = RankProgress(started_at=100.0, window=2)
+    assert p.fields()["step"] == 0 and p.fields()["state"] == "starting"
+    offset = 5.0  # server time = trainer time + 5
+    p.absorb(Milestone(event="started", started_at=90.0), now=101.0, offset=offset)
+    p.absorb(Restored(event="restored", step=40, restore_s=0.5), now=102.0, offset=offset)
+    assert p.fields()["step"] == 40  # restoring: it resumes at 40, never reports going back to 0
+    p.absorb(Milestone(event="ready", ready_at=97.0, start_step=40), now=103.0, offset=offset)
+    for n, compute in ((41, 0.3), (42, 0.1), (43, 0.2)):
+        p.absorb(StepRecord(**step(n, compute, time=98.0 + n - 41)), now=104.0, offset=offset)
+    report = RankReport(**p.fields())
+    assert report.model_dump(exclude_none=True) == {
+        "state": "running",
+        "step": 43,
+        "loss": 5.0 - 4.3,
+        "tokens_per_s": 800.0,
+        "step_s": 0.2,
+        "compute_s": 0.2,
+        "wait_s": 0.05,
+        "started_at": 95.0,
+        "ready_at": 102.0,
+        "start_step": 40,
+        "first_step_at": 103.0,
+        "progress_at": 104.0,
+        "compute_avg": (0.1 + 0.2) / 2,
+        "compute_min": 0.1,
+        "window_n": 2,
+    }
+
+
+def test_a_fresh_rank_reports_step_zero_and_the_agents_launch_time():
+    p = RankProgress(started_at=100.0)
+    p.absorb(Milestone(event="ready", ready_at=3.0, start_step=0), now=104.0, offset=100.0)
+    f = p.fields()
+    assert (f["step"], f["started_at"], f["ready_at"], f["first_step_at"]) == (
+        0,
+        100.0,
+        103.0,
+        None,
+    )

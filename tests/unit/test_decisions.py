@@ -1,0 +1,163 @@
+"""The pure parts of fault handling (controller/faults.py, controller/quarantine.py): the
+recovery record, its completion with each phase's duration, the wait-for-capacity decision,
+and who is quarantined."""
+
+from __future__ import annotations
+
+from controller import faults
+from controller.decisions import Complete, WaitForCapacity
+from controller.jobs import Job
+from controller.quarantine import Blame, quarantines
+from services.api import RankStatus
+from services.records import FaultRecord, Quarantine, RecoveryRecord
+from services.spec import parse_spec
+
+SPEC = parse_spec(
+    {
+        "name": "j",
+        "model": {"preset": "tiny"},
+        "parallel": {"dp": 2},
+        "train": {"steps": 100, "global_batch": 4},
+        "fault_tolerance": {"quarantine_s": 30},
+    }
+)
+
+
+def rank(n: int, **report) -> RankStatus:
+    return RankStatus(
+        rank=n,
+        coord={"dp": n, "pp": 0, "tp": 0},
+        worker=f"w{n}",
+        local_rank=0,
+        **{"state": "running", **report},
+    )
+
+
+def fault(cause: str, n: int, at: float) -> FaultRecord:
+    return FaultRecord(
+        cause=cause,
+        rank=n,
+        worker=f"w{n}",
+        coord={"dp": n, "pp": 0, "tp": 0},
+        fault_at=at,
+        detail=f"{cause} of rank {n}",
+    )
+
+
+def test_a_new_record_dates_the_fault_by_its_earliest_and_keeps_the_furthest_step():
+    job = Job(
+        id="j",
+        name="j",
+        spec=SPEC,
+        generation=3,
+        recoveries=[
+            RecoveryRecord(
+                n=1,
+                cause="WorkerDead",
+                from_generation=1,
+                fault_at=1.0,
+                detected_at=2.0,
+                completed_at=3.0,
+            )
+        ],
+    )
+    rec = faults.new_record(
+        job,
+        [rank(0, step=12), rank(1, step=14)],
+        "TrainerKilled",
+        [fault("TrainerKilled", 1, 95.0), fault("TrainerKilled", 0, 93.0)],
+        100.0,
+    )
+    assert (
+        rec.n,
+        rec.cause,
+        rec.from_generation,
+        rec.fault_at,
+        rec.detected_at,
+        rec.last_step,
+    ) == (2, "TrainerKilled", 3, 93.0, 100.0, 14)
+
+
+def test_a_record_without_faults_is_dated_now():
+    job = Job(id="j", name="j", spec=SPEC)
+    assert faults.new_record(job, [], "CapacityReturned", [], 50.0).fault_at == 50.0
+
+
+def open_record() -> RecoveryRecord:
+    return RecoveryRecord(
+        n=1,
+        cause="TrainerKilled",
+        action="replace",
+        from_generation=1,
+        to_generation=2,
+        fault_at=100.0,
+        detected_at=101.0,
+        decided_at=101.5,
+        last_step=20,
+    )
+
+
+def test_completion_times_each_phase_by_the_slowest_rank():
+    job = Job(id="j", name="j", spec=SPEC, generation=2, recoveries=[open_record()])
+    ranks = [
+        rank(0, rendezvous_at=103.0, ready_at=104.0, first_step_at=105.0, start_step=15),
+        rank(1, rendezvous_at=103.5, ready_at=104.5, first_step_at=106.0, start_step=15),
+    ]
+    done = faults.complete(job, ranks, 107.0)
+    assert isinstance(done, Complete)
+    r = done.record
+    assert (r.completed_at, r.resumed_step, r.steps_lost) == (107.0, 15, 5)
+    assert r.durations == {
+        "detect_s": 1.0,
+        "decide_s": 0.5,
+        "rendezvous_s": 2.0,
+        "restore_s": 1.0,
+        "first_step_s": 1.5,
+        "total_s": 6.0,
+    }
+    assert "resumed at step 15, 5 steps redone" in done.message
+    assert job.recoveries[0].completed_at is None  # deciding changed nothing
+
+
+def test_no_completion_until_every_rank_trained_a_step():
+    job = Job(id="j", name="j", spec=SPEC, generation=2, recoveries=[open_record()])
+    assert faults.complete(job, [rank(0, first_step_at=105.0), rank(1)], 107.0) is None
+
+
+def test_no_completion_of_a_record_for_another_generation():
+    job = Job(id="j", name="j", spec=SPEC, generation=3, recoveries=[open_record()])
+    assert faults.complete(job, [rank(0, first_step_at=105.0)], 107.0) is None
+
+
+def test_waiting_for_capacity_names_the_lost_replicas_and_the_workers_needed():
+    job = Job(id="j", name="j", spec=SPEC, generation=1)
+    rec = RecoveryRecord(
+        n=1,
+        cause="WorkerDead",
+        faults=[fault("WorkerDead", 1, 5.0)],
+        from_generation=1,
+        fault_at=5.0,
+        detected_at=6.0,
+    )
+    d = faults.wait_for_capacity(job, rec, Blame())
+    assert isinstance(d, WaitForCapacity)
+    assert (d.record.action, d.record.to_shape) == ("wait", [2, 1, 1])
+    assert d.message == (
+        "WorkerDead of rank 1; no spare, and dropping the 1 DP replica(s) that "
+        "lost ranks would leave dp=1 < min_dp=1 (or not divide the global "
+        "batch): waiting for 2 workers"
+    )
+
+
+def test_only_causes_that_point_at_the_worker_quarantine_it_once():
+    out = quarantines(
+        [
+            fault("RankHung", 1, 5.0),
+            fault("TrainerKilled", 0, 5.0),
+            fault("Straggler", 1, 6.0),
+            fault("WorkerDead", 2, 5.0),
+        ],
+        30.0,
+        100.0,
+    )
+    assert [q for q, _ in out] == [Quarantine(worker="w1", until=130.0, cause="RankHung")]

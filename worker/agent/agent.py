@@ -1,0 +1,509 @@
+"""The worker agent: register, heartbeat, follow the assignment, supervise trainers, relay progress.
+
+The assignment pointer `worker:{wid}:assignment` (controller-written) says which job and
+generation this worker serves. The agent learns of changes by pub/sub and re-reads the pointer
+on every reconnect and every few seconds (pub/sub is lossy). It acts only on a pointer it has
+read: losing Redis never stops training; a withdrawn or superseded assignment does.
+
+Checkpoint fencing on the agent's side (docs/architecture.md, "Generation and fencing"):
+trainers are handed the committed pointer history from Redis and restore only from it; rank
+0's agent moves the pointer through the generation CAS, and only while a heartbeat has
+confirmed its generation within half of `dead_after_s` (its commit lease); it deletes only
+the checkpoints that CAS reports as dropped from the history.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+from pydantic import ValidationError
+
+from services.assignment import Assignment
+from services.paths import confine_spec
+from services.procs import stop_all
+from services.records import RankReport
+from services.spec import SpecError
+from services.store import Store, loads
+from worker.agent.heartbeat import Heartbeat
+from worker.agent.launcher import Launcher
+from worker.agent.metrics_endpoint import AgentMetrics, AgentSnapshot, RankSnapshot
+from worker.agent.metrics_tail import CheckpointCommitted
+from worker.agent.probe import Prober
+from worker.agent.rank_process import RankProcess
+from worker.agent.rank_progress import RankProgress
+from worker.agent.retry import Outage
+from worker.ckpt_store import Pointer, remove_checkpoints
+
+log = logging.getLogger("meshkeeper.agent")
+REREAD_S = 5.0  # safety net for lost pub/sub messages
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    wid: str
+    host: str
+    address: str
+    run_dir: Path
+    labels: dict[str, str] = field(default_factory=dict)
+    devices: int = 1
+    warm: int = 1  # pre-forked trainer processes kept ready (0 = cold start)
+    heartbeat_s: float = 0.5
+    tick_s: float = 0.2
+    stop_grace_s: float = 3.0  # SIGTERM -> SIGKILL
+    checkpoint_root: Path | None = None  # shared by every worker of a job (default: run_dir)
+    data_roots: tuple[Path, ...] = ()  # where text:/tokens: data may be read (services/paths.py)
+
+
+@dataclass
+class Run:
+    """What this worker does for one (job, generation)."""
+
+    job: str
+    generation: int
+    role: str  # rank | spare
+    ranks: dict[int, RankProcess] = field(default_factory=dict)
+    lease_s: float = 1.0  # commit only within this long of a beat that confirmed the generation
+    checkpoints: Path | None = (
+        None  # the job's checkpoint directory (only what CAS drops is deleted)
+    )
+
+    @property
+    def active(self) -> bool:
+        return any(r.exit_code is None for r in self.ranks.values())
+
+    @property
+    def training(self) -> bool:
+        return all(r.progress.first_step_at for r in self.ranks.values())
+
+    def state(self) -> str:
+        states = {r.progress.state for r in self.ranks.values()}
+        for s in ("failed", "starting", "running", "stopped"):
+            if s in states:
+                return s
+        return "succeeded" if states else self.role
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig, store: Store, metrics: AgentMetrics | None = None):
+        self.cfg, self.store, self.metrics = cfg, store, metrics
+        self.run: Run | None = None
+        self.state = "idle"
+        self.launcher = Launcher(cfg.run_dir, cfg.warm, self._child_env())
+        self.heartbeat = Heartbeat(store, cfg.wid, cfg.heartbeat_s, self.serving)
+        self.prober = Prober(
+            store, cfg.wid, self._child_env(), cfg.run_dir, self._now
+        )  # quarantine exit
+        self._stop = threading.Event()
+        self._pubsub = None
+        self._reread_at = 0.0
+        self._dirty = False
+        # for Redis, in order: (job, generation, a checkpoint to commit or an event to add)
+        self._outbox: list[tuple[str, int, CheckpointCommitted | dict]] = []
+
+    def serving(self) -> tuple[str, int]:
+        run = self.run
+        return (run.job, run.generation) if run else ("", 0)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def snapshot(self) -> AgentSnapshot:
+        """What the metrics endpoint reads at scrape time (from its own thread)."""
+        run = self.run  # one read: the loop may replace it meanwhile
+        live = [p for p in run.ranks.values() if p.exit_code is None] if run else []
+        return AgentSnapshot(
+            job=run.job if run else None,
+            heartbeats=self.heartbeat.beats,
+            heartbeat_failures=self.heartbeat.failures,
+            ranks=tuple(
+                RankSnapshot(p.rank, p.proc.pid, p.progress.last, p.metrics.parent / "spec.json")
+                for p in live
+            ),
+        )
+
+    # -- the loop -----------------------------------------------------------------------
+    def run_forever(self) -> None:
+        self.cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        self.heartbeat.start()
+        log.info(
+            "agent %s up: host %s, address %s, %d device(s), %d warm",
+            self.cfg.wid,
+            self.cfg.host,
+            self.cfg.address,
+            self.cfg.devices,
+            self.cfg.warm,
+        )
+        redis_outage = Outage(
+            redis.RedisError,
+            2.0,
+            self._stop,
+            sleep=self._wait_locally,
+            on_failure=lambda _: self._close_pubsub(),
+            down="Redis unavailable (%s); trainers keep running, retrying",
+            back="Redis is back; assignment re-read",
+        )
+        try:
+            while not self._stop.is_set():
+                redis_outage.call(self._sync)
+                self._tend()
+        finally:
+            self._shutdown()
+
+    def _wait_locally(self, seconds: float) -> None:
+        """Between tries while Redis is away: the trainers are still supervised."""
+        self._stop.wait(seconds)
+        self._tend()
+
+    def _tend(self) -> None:
+        """The loop's local work, which needs no Redis."""
+        self._supervise()
+        if self.run is None:  # idle: a quarantined worker probes itself (worker/agent/probe.py)
+            self.prober.tick()
+        # Refilled while a job runs too (after a failure the next generation's trainers
+        # come from here, torch already imported), but only once its ranks train:
+        # importing torch beside a starting trainer would slow that start.
+        if not (self.run and self.run.active) or self.run.training:
+            self.launcher.refill()
+
+    def _sync(self) -> None:
+        if self.heartbeat.superseded.is_set():  # a beat saw the pointer move: act on it now
+            self.heartbeat.superseded.clear()
+            self._reread_at = 0.0
+        if self._pubsub is None:  # (re)connect: register again and re-read the pointer
+            self._register()
+            ps = self.store.r.pubsub(ignore_subscribe_messages=True)
+            ps.subscribe(self.store.keys.worker_assignment(self.cfg.wid))
+            self._pubsub, self._reread_at = ps, 0.0
+        msg = self._pubsub.get_message(timeout=self.cfg.tick_s)
+        if msg is not None or time.monotonic() >= self._reread_at:
+            self._reread_at = time.monotonic() + REREAD_S
+            self._follow(self.store.worker_assignment(self.cfg.wid))
+        self._publish()
+
+    def _register(self) -> None:
+        # The registration itself was written at join (worker/__main__.py) by the controller,
+        # which alone marks a worker placeable; a reconnect only restates what may change.
+        self.store.set_worker(self.cfg.wid, {"pid": os.getpid(), "state": self.state})
+        self.store.heartbeat(self.cfg.wid, *self.serving())
+
+    def _close_pubsub(self) -> None:
+        if self._pubsub is not None:
+            try:
+                self._pubsub.close()
+            except (redis.RedisError, OSError):
+                pass
+            self._pubsub = None
+
+    # -- following the assignment ---------------------------------------------------------
+    def _follow(self, pointer: dict[str, str]) -> None:
+        want = (pointer["job"], int(pointer["generation"])) if pointer.get("job") else None
+        run = self.run
+        if run and (run.job, run.generation) != want:
+            why = "withdrawn" if want is None else f"superseded by {want[0]} generation {want[1]}"
+            self._end_run(f"assignment {why}")
+        if want and self.run is None:
+            self._begin_run(*want, pointer.get("role", "rank"))
+        self._set_state("busy" if self.run else "idle")
+
+    def _begin_run(self, job: str, generation: int, role: str) -> None:
+        if role == "spare":
+            self.run = Run(job, generation, role)
+            log.info("spare for job %s generation %d", job, generation)
+            return
+        asg = Assignment.from_fields(self.store.job_assignment(job))
+        spec = loads(self.store.job(job).get("spec"))
+        if asg is None or asg.generation != generation or spec is None:
+            self._reread_at = 0.0  # the controller is mid-write: look again next tick
+            return
+        if self._started_before(job, generation):
+            return
+        d = self.cfg.run_dir / "jobs" / job / f"g{generation}"
+        d.mkdir(parents=True, exist_ok=True)
+        spec = asg.effective_spec(spec)  # the mesh may have shrunk after a failure
+        default_root = self.cfg.checkpoint_root or self.cfg.run_dir / "checkpoints"
+        try:  # again on this host, whatever reached Redis: trainers get the resolved paths
+            spec = confine_spec(spec, self.cfg.data_roots, [default_root], on_host=True)
+        except SpecError as e:
+            return self._refuse(job, generation, asg, str(e))
+        window = int(spec["fault_tolerance"].get("straggler", {}).get("window_steps", 20))
+        spec_path = d / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        # The spec's root only inside the agent's own (checked above), and per job id: the
+        # trainer names its directory after the spec's name, which jobs may share.
+        ckpt_root = Path(spec["checkpoint"].get("root") or default_root) / job
+        # Restore follows the committed pointer, never the newest directory on disk. Read after
+        # the new assignment: the CAS refuses the old generation from then on, so this history
+        # is final for this generation's start.
+        restore_path = d / "restore.json"
+        restore_path.write_text(json.dumps(self.store.checkpoint_history(job)))
+        run = Run(
+            job,
+            generation,
+            role,
+            lease_s=spec["fault_tolerance"]["dead_after_s"] / 2,
+            checkpoints=ckpt_root / spec["name"],
+        )
+        for e in asg.ranks_of(self.cfg.wid):
+            env = {
+                "RANK": str(e.rank),
+                "WORLD_SIZE": str(asg.shape.world_size),
+                "LOCAL_RANK": str(e.local_rank),
+                "LOCAL_WORLD_SIZE": str(e.local_world_size),
+                "MASTER_ADDR": asg.master_addr,
+                "MASTER_PORT": str(asg.master_port),
+            }
+            argv = [
+                "--spec",
+                str(spec_path),
+                "--metrics-out",
+                str(d / "metrics-{rank}.jsonl"),
+                "--checkpoint-root",
+                str(ckpt_root),
+                "--generation",
+                str(generation),
+                "--job-id",
+                job,
+                "--restore-from",
+                str(restore_path),
+            ]
+            metrics, log_path = d / f"metrics-{e.rank}.jsonl", d / f"rank{e.rank}.log"
+            proc = self.launcher.launch(argv, env, log_path)
+            run.ranks[e.rank] = RankProcess(
+                e.rank, proc, metrics, log_path, RankProgress(self._now(), window)
+            )
+        self.run, self._dirty = run, True
+        pids = {r: p.proc.pid for r, p in run.ranks.items()}
+        log.info(
+            "job %s generation %d: started ranks %s (pids %s), rendezvous %s:%d",
+            job,
+            generation,
+            sorted(pids),
+            sorted(pids.values()),
+            asg.master_addr,
+            asg.master_port,
+        )
+        self._event(
+            "TrainerStarted",
+            f"worker {self.cfg.wid} started ranks {sorted(pids)} (pids {sorted(pids.values())})",
+        )
+
+    def _refuse(self, job: str, generation: int, asg: Assignment, why: str) -> None:
+        """Fail this worker's ranks without starting trainers, as a trainer refusing its spec
+        would (exit code 2: the controller fails the job, no restart), and serve on idle."""
+        failed = RankReport(state="failed", exit_code=2, error=why, exited_at=self._now())
+        ranks = {str(e.rank): failed.model_dump(mode="json") for e in asg.ranks_of(self.cfg.wid)}
+        self.store.write_progress(
+            self.cfg.wid,
+            {
+                "job": job,
+                "generation": generation,
+                "state": "failed",
+                "ranks": ranks,
+                "updated_at": time.time(),
+            },
+        )
+        self.run = Run(job, generation, "refused")
+        log.error("job %s generation %d refused: %s", job, generation, why)
+
+    def _started_before(self, job: str, generation: int) -> bool:
+        """A previous incarnation of this agent (same id) already ran this generation: its
+        trainers died with it, and new ones must not join that world's rendezvous. Report the
+        ranks failed instead, and serve the assignment without trainers until it changes."""
+        old = self.store.progress([self.cfg.wid])[self.cfg.wid]
+        if old.get("job") != job or old.get("generation") != str(generation):
+            return False
+        why = "agent restarted; its trainers are gone"
+        ranks = {r: _failed(v, why) for r, v in loads(old.get("ranks"), {}).items()}
+        self.store.write_progress(self.cfg.wid, {**old, "state": "failed", "ranks": ranks})
+        self.run = Run(job, generation, "orphaned")
+        log.warning(
+            "job %s generation %d was started by an earlier run of this agent; "
+            "reported its ranks %s failed",
+            job,
+            generation,
+            sorted(ranks),
+        )
+        return True
+
+    def _end_run(self, why: str) -> None:
+        run, t0 = self.run, time.monotonic()
+        live = [p for p in run.ranks.values() if p.exit_code is None]
+        stuck = stop_all(
+            [p.proc for p in live], self.cfg.stop_grace_s
+        )  # bounded: D state ignores SIGKILL
+        for p in live:
+            p.ended(p.proc.returncode, "stopped")
+        for p in (p for p in live if p.proc in stuck):
+            self._event(
+                "TrainerUnkillable",
+                f"rank {p.rank} (pid {p.proc.pid}) on worker {self.cfg.wid} "
+                f"survived SIGKILL (process state {p.proc_state}: stuck in the kernel); moving on",
+                warning=True,
+            )
+        if live:
+            log.info(
+                "job %s generation %d: %s; stopped ranks %s in %.2fs",
+                run.job,
+                run.generation,
+                why,
+                sorted(p.rank for p in live),
+                time.monotonic() - t0,
+            )
+            self._event(
+                "TrainerStopped",
+                f"worker {self.cfg.wid}: {why}; stopped ranks {sorted(p.rank for p in live)}",
+            )
+        else:
+            log.info(
+                "job %s generation %d: %s; this worker is idle again", run.job, run.generation, why
+            )
+        self._dirty = True
+        self._publish_quietly()
+        self.run = None
+
+    # -- supervising (local only: works while Redis is away) -----------------------------
+    def _supervise(self) -> None:
+        run = self.run
+        if run is None:
+            return
+        for p in run.ranks.values():
+            if p.exit_code is not None:
+                continue
+            code = p.proc.poll()  # read before tailing, so no line written before exit is lost
+            if code is None and p.poll_state():
+                self._dirty = True
+            for line in p.read():
+                self._dirty = True
+                p.progress.absorb(line, self._now(), self.heartbeat.clock_offset)
+                if self.metrics:
+                    self.metrics.observe(run.job, line)
+                if isinstance(line, CheckpointCommitted) and p.rank == 0:  # every rank reports it
+                    self._outbox.append((run.job, run.generation, line))
+            if code is not None:
+                p.ended(code, "succeeded" if code == 0 else "failed", self._now())
+                self._dirty = True
+                self._event(
+                    "TrainerExited",
+                    f"rank {p.rank} on worker {self.cfg.wid} exited with code {code}",
+                    warning=code != 0,
+                )
+
+    def _publish(self) -> None:
+        """Progress and pending events to Redis (raises RedisError; kept for the next try)."""
+        while self._outbox:
+            job, generation, body = self._outbox[0]
+            if isinstance(body, CheckpointCommitted):
+                if not self._may_commit(job, generation):
+                    # held, progress too (it must not overtake the commit), until a beat confirms
+                    return
+                dropped = self.store.commit_checkpoint(
+                    job, generation, body.step, body.path, body.keep, wid=self.cfg.wid
+                )
+                if (
+                    dropped
+                    and self.run is not None
+                    and self.run.job == job
+                    and self.run.checkpoints
+                ):
+                    remove_checkpoints(
+                        self.run.checkpoints, [Pointer.from_json(p) for p in dropped]
+                    )
+            else:
+                self.store.add_event(
+                    job, {**body, "generation": generation, "source": f"agent/{self.cfg.wid}"}
+                )
+            self._outbox.pop(0)
+        run = self.run
+        if self._dirty and run is not None:
+            self.store.write_progress(
+                self.cfg.wid,
+                {
+                    "job": run.job,
+                    "generation": run.generation,
+                    "state": run.state(),
+                    "ranks": {
+                        str(r): p.report().model_dump(mode="json") for r, p in run.ranks.items()
+                    },
+                    "updated_at": time.time(),
+                },
+            )
+        self._dirty = False
+
+    def _may_commit(self, job: str, generation: int) -> bool:
+        """The commit lease: an agent that cannot confirm its generation commits nothing. A run
+        that already ended (superseded) has nothing to confirm: its CAS is refused in Redis."""
+        run = self.run
+        if run is None or (run.job, run.generation) != (job, generation):
+            return True
+        return self.heartbeat.confirmed(job, generation, run.lease_s)
+
+    def _publish_quietly(self) -> None:
+        try:
+            self._publish()
+        except redis.RedisError:
+            pass
+
+    def _event(self, reason: str, message: str, warning: bool = False) -> None:
+        if self.run is not None:
+            self._outbox.append(
+                (
+                    self.run.job,
+                    self.run.generation,
+                    {
+                        "type": "Warning" if warning else "Normal",
+                        "reason": reason,
+                        "message": message,
+                    },
+                )
+            )
+
+    def _now(self) -> float:
+        return time.time() + self.heartbeat.clock_offset
+
+    def _set_state(self, state: str) -> None:
+        if state != self.state:
+            self.state = state
+            self.store.set_worker(self.cfg.wid, {"state": state})
+
+    def _child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[2])  # trainers import worker.* from here
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        return env
+
+    def _shutdown(self) -> None:
+        if self.run is not None:
+            self._end_run("agent stopping")
+        self.launcher.close()
+        self.prober.close()
+        self.heartbeat.stop()
+        self._close_pubsub()
+        try:
+            self.store.deregister_worker(self.cfg.wid)
+        except redis.RedisError:
+            pass
+        log.info("agent %s stopped", self.cfg.wid)
+
+
+def _failed(report: object, why: str) -> dict:
+    """A rank report marked failed for `why`, keeping what it said (a malformed one: only that)."""
+    try:
+        old = RankReport.model_validate(report)
+    except ValidationError:
+        old = RankReport()
+    return old.model_copy(update={"state": "failed", "error": why}).model_dump(mode="json")
+
+
+def default_address() -> str:
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"

@@ -1,0 +1,121 @@
+"""A trainer's peak memory and whether the kernel's OOM killer ended it.
+
+Memory comes from psutil. OOM-kill evidence comes from the trainer's memory cgroup, which
+psutil does not read: its kill counter is sampled while the trainer runs (after it dies,
+/proc no longer says which group it was in) and compared when it exits with SIGKILL.
+- cgroup v1: `memory.oom_control` (its `oom_kill` counts this group only),
+  `memory.limit_in_bytes`, `memory.max_usage_in_bytes`;
+- cgroup v2: `memory.events.local` (this group only: a kill in a sibling group must not
+  count), `memory.max`, `memory.peak`;
+- no memory cgroup: /proc/vmstat `oom_kill`, host-wide, the weakest evidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+V1_ROOT = Path("/sys/fs/cgroup/memory")
+V2_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
+# file names per cgroup version: (kill counter, limit, peak)
+FILES = {
+    False: ("memory.oom_control", "memory.limit_in_bytes", "memory.max_usage_in_bytes"),
+    True: ("memory.events.local", "memory.max", "memory.peak"),
+}
+VMSTAT = Path("/proc/vmstat")
+
+
+def _number(path: Path, key: str | None = None) -> int | None:
+    """The file's first number, or the N of its `key N` line."""
+    try:
+        for line in path.read_text().splitlines():
+            k, _, v = line.partition(" ")
+            if key is None:
+                return int(k)
+            if k == key:
+                return int(v)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _high_water_mark(pid: int) -> int | None:
+    """Bytes: the process's peak resident set (VmHWM in /proc/{pid}/status, in kB)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def memory_cgroup(pid: int) -> tuple[Path | None, bool]:
+    """The directory of `pid`'s memory cgroup and whether it is cgroup v2."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None, False
+    entries = [line.split(":", 2) for line in lines]
+    # v1 first: where a v1 memory hierarchy is mounted, it is the one that limits
+    for _, controllers, path in entries:
+        if (
+            "memory" in controllers.split(",")
+            and (V1_ROOT / path.lstrip("/") / FILES[False][0]).exists()
+        ):
+            return V1_ROOT / path.lstrip("/"), False
+    for hierarchy, _, path in entries:
+        for root in V2_ROOTS if hierarchy == "0" else ():
+            if (root / path.lstrip("/") / FILES[True][0]).exists():
+                return root / path.lstrip("/"), True
+    return None, False
+
+
+@dataclass
+class MemoryWatch:
+    peak: int = 0  # bytes: the process's high-water mark, and the cgroup's peak after an OOM kill
+    group: Path | None = None
+    v2: bool = False
+    kills_at_start: int | None = None  # the group's (or host's) OOM kills when first seen
+    limit: int | None = None
+
+    def sample(self, process: psutil.Process) -> None:
+        # psutil has no high-water mark: the kernel's VmHWM catches a spike between two of
+        # the agent's ticks that the sampled RSS would miss; an OOM kill in a limited group
+        # reads the group's own peak instead.
+        try:
+            rss = process.memory_info().rss
+        except psutil.Error:
+            return
+        self.peak = max(self.peak, rss, _high_water_mark(process.pid) or 0)
+        group, v2 = memory_cgroup(process.pid)
+        if group is not None and group != self.group:  # first seen, or moved into another group
+            self.group, self.v2 = group, v2
+            self.kills_at_start = self._kills()
+            limit = _number(group / FILES[v2][1])  # v1 "no limit" is a huge number, v2 "max"
+            self.limit = limit if limit and limit < 1 << 60 else None
+        elif self.group is None and self.kills_at_start is None:
+            self.kills_at_start = self._kills()
+
+    def _kills(self) -> int | None:
+        if self.group is None:
+            return _number(VMSTAT, "oom_kill")
+        return _number(self.group / FILES[self.v2][0], "oom_kill")
+
+    def oom_killed(self) -> dict[str, Any] | None:
+        """The evidence of an OOM kill since the first sample (RankReport.oom), or None."""
+        now = self._kills()
+        if now is None or self.kills_at_start is None or now <= self.kills_at_start:
+            return None
+        if self.group is not None and self.limit:
+            self.peak = max(self.peak, _number(self.group / FILES[self.v2][2]) or 0)
+        return {
+            "peak_rss": self.peak or None,
+            "limit": self.limit,
+            "cgroup": str(self.group) if self.group else None,
+            "evidence": "memory cgroup oom_kill" if self.group else "host /proc/vmstat oom_kill",
+        }

@@ -1,0 +1,113 @@
+"""A trainer's metrics file, read by its agent as it grows, each line typed.
+
+The trainer writes one `StepRecord` line after each optimizer step and one `{"event": ...}`
+line per milestone or checkpoint event (docs/architecture.md, "Records"). The agent reads
+the file while the trainer writes it, so the last line may be incomplete: it is kept until
+its newline arrives. A line that does not parse is logged and skipped: one bad line must not
+stop the agent relaying the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Literal
+
+from services.records import Record, StepRecord
+
+log = logging.getLogger("meshkeeper.agent")
+
+
+class Milestone(Record):
+    """The trainer started, met its peers, or is ready to step. Times are the trainer's own
+    wall clock (time.time())."""
+
+    event: Literal["started", "rendezvous", "ready"]
+    started_at: float | None = None
+    rendezvous_at: float | None = None
+    ready_at: float | None = None
+    start_step: int | None = None  # (ready) steps completed before this generation's first
+
+
+class Restored(Record):
+    event: Literal["restored"]
+    step: int  # the restored checkpoint's: steps completed
+    restore_s: float
+
+
+class CheckpointCommitted(Record):
+    event: Literal["checkpoint"]
+    step: int
+    path: str = ""
+    keep: int = 1  # committed checkpoints the job keeps (the CAS drops older ones)
+    blocking_s: float | None = None  # training time the save blocked
+    total_s: float | None = None  # until committed
+
+
+class CheckpointFailed(Record):
+    event: Literal["checkpoint_failed"]
+    step: int
+    error: str = ""
+
+
+class OtherEvent(Record):
+    """An event the agent relays nowhere (checkpoint_skipped, done)."""
+
+    event: str
+
+
+TrainerLine = (
+    StepRecord | Milestone | Restored | CheckpointCommitted | CheckpointFailed | OtherEvent
+)
+EVENTS: dict[str, type[Record]] = {
+    "started": Milestone,
+    "rendezvous": Milestone,
+    "ready": Milestone,
+    "restored": Restored,
+    "checkpoint": CheckpointCommitted,
+    "checkpoint_failed": CheckpointFailed,
+}
+
+
+def parse_line(line: str) -> TrainerLine:
+    """One line of a metrics file; ValueError when it is not a record (pydantic's
+    ValidationError is one)."""
+    data = json.loads(line)
+    if not isinstance(data, dict):
+        raise ValueError(f"not a JSON object: {line[:80]!r}")
+    event = data.get("event")
+    model = StepRecord if event is None else EVENTS.get(event, OtherEvent)
+    return model.model_validate(data)
+
+
+class MetricsTail:
+    """The complete lines appended to `path` since the last `read`."""
+
+    def __init__(self, path: Path, rank: int):
+        self.path, self.rank = path, rank
+        self._offset = 0
+        self._partial = ""
+
+    def read(self) -> list[TrainerLine]:
+        try:
+            with self.path.open("r") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+                self._offset = f.tell()
+        except FileNotFoundError:  # the trainer has not opened it yet
+            return []
+        lines = (self._partial + chunk).split("\n")
+        self._partial = lines.pop()  # "" after a complete line, else the line being written
+        out: list[TrainerLine] = []
+        for line in filter(None, lines):
+            try:
+                out.append(parse_line(line))
+            except ValueError as e:
+                log.warning(
+                    "rank %d: unreadable metrics line %r: %s",
+                    self.rank,
+                    line[:200],
+                    str(e).splitlines()[0],
+                )
+        return out

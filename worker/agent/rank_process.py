@@ -1,0 +1,122 @@
+"""One rank's trainer process as its agent supervises it: what the trainer reported in its
+metrics file, its scheduler state and CPU use (psutil), its collective counters and memory."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from services.assignment import FROZEN_PROC_STATES
+from services.records import RankReport
+from worker.agent.memory_watch import MemoryWatch
+from worker.agent.metrics_tail import MetricsTail, TrainerLine
+from worker.agent.rank_progress import RankProgress
+from worker.progress import counters_path, read_counters
+
+BUSY_WINDOW_S = 2.0
+# Reports keep the kernel's one-letter states (R, S, D, T...: services/assignment.py,
+# controller/health.py); psutil names them.
+PROC_STATES = {
+    psutil.STATUS_RUNNING: "R",
+    psutil.STATUS_SLEEPING: "S",
+    psutil.STATUS_DISK_SLEEP: "D",
+    psutil.STATUS_STOPPED: "T",
+    psutil.STATUS_TRACING_STOP: "t",
+    psutil.STATUS_ZOMBIE: "Z",
+    psutil.STATUS_DEAD: "X",
+    psutil.STATUS_WAKING: "W",
+    psutil.STATUS_IDLE: "I",
+    psutil.STATUS_PARKED: "P",
+    "wake-kill": "K",  # (psutil has no constant for it)
+}
+
+
+@dataclass
+class RankProcess:
+    rank: int
+    proc: subprocess.Popen
+    metrics: Path  # the trainer's metrics file (its collective counters lie beside it)
+    log: Path
+    progress: RankProgress
+    exit_code: int | None = None
+    exited_at: float | None = None  # server time the agent saw it exit (not when it stopped it)
+    proc_state: str | None = None
+    collectives: tuple[int, int] | None = None  # (entered, left), worker/progress.py
+    busy: bool | None = None  # burned most of a core over the last BUSY_WINDOW_S
+    memory: MemoryWatch = field(default_factory=MemoryWatch)
+    oom: dict[str, Any] | None = None  # set once, when the exit is classified as an OOM kill
+    _cpu: deque[tuple[float, float]] = field(default_factory=deque)  # (monotonic, cpu seconds)
+
+    def __post_init__(self) -> None:
+        self.tail = MetricsTail(self.metrics, self.rank)
+        # Not reaped before the agent polls it, so the pid cannot be reused meanwhile.
+        self.process = psutil.Process(self.proc.pid)
+        self.memory.sample(self.process)  # the cgroup baseline, before the rank can allocate
+
+    def read(self) -> list[TrainerLine]:
+        """The trainer's new metrics lines."""
+        return self.tail.read()
+
+    def poll_state(self) -> bool:
+        """Re-read the process's scheduler state (R, S, D, T...), CPU use, collective counters
+        and memory; True when something the controller judges hangs by changed. A stopped (T)
+        or I/O-stuck (D) trainer is what a job-wide hang waits for; R <-> S flips every step
+        and is not worth a report, but a process that keeps a core busy while its peers sleep
+        in a collective is (the counters change on every step anyway)."""
+        try:
+            with self.process.oneshot():
+                state = PROC_STATES.get(self.process.status(), "?")
+                times = self.process.cpu_times()
+            cpu: float | None = times.user + times.system
+        except psutil.Error:
+            state, cpu = None, None
+        changed = (state in FROZEN_PROC_STATES) != (self.proc_state in FROZEN_PROC_STATES)
+        self.proc_state = state
+        if cpu is not None:
+            t = time.monotonic()
+            self._cpu.append((t, cpu))
+            while len(self._cpu) > 2 and t - self._cpu[1][0] >= BUSY_WINDOW_S:
+                self._cpu.popleft()
+            (t0, c0) = self._cpu[0]
+            if t - t0 >= BUSY_WINDOW_S / 2:
+                busy = (cpu - c0) / (t - t0) >= 0.5
+                changed |= busy != self.busy
+                self.busy = busy
+        counts = read_counters(counters_path(self.metrics))
+        changed |= counts != self.collectives
+        self.collectives = counts
+        self.memory.sample(self.process)
+        return changed
+
+    def ended(self, code: int | None, state: str, at: float | None = None) -> None:
+        """The trainer exited (`at`: when the agent saw it) or was stopped (no `at`)."""
+        self.exit_code, self.exited_at, self.progress.state = code, at, state
+
+    def report(self) -> RankReport:
+        """This rank's entry in `worker:{wid}:progress` (docs/architecture.md, "Records")."""
+        # A SIGKILL is an OOM kill when the kernel counted one for the trainer's memory cgroup
+        # while it ran (or, with no memory cgroup to read, host-wide). Asked at each report
+        # until it says so, so a kill the kernel counts late still shows.
+        if self.exit_code == -signal.SIGKILL and self.oom is None:
+            self.oom = self.memory.oom_killed()
+        c = self.collectives
+        return RankReport(
+            **self.progress.fields(),
+            pid=self.proc.pid,
+            exit_code=self.exit_code,
+            log=str(self.log),
+            exited_at=self.exited_at,
+            proc_state=self.proc_state,
+            coll_entered=c[0] if c else None,
+            coll_left=c[1] if c else None,
+            cpu_busy=self.busy,
+            peak_rss=self.memory.peak or None,
+            oom=self.oom,
+        )

@@ -1,0 +1,85 @@
+"""What one rank's trainer has reported in its generation, folded into its `RankReport` fields.
+
+Pure bookkeeping (no process, no file): the agent feeds it the trainer's typed metrics lines
+(worker/agent/metrics_tail.py). Times are Redis server time: the trainer's own clock plus the
+heartbeat's clock offset, so the controller can compare them with its own.
+
+`step` is steps completed (docs/architecture.md, "Records"): the latest step record's. Before
+the generation's first step it is the step the rank resumes at, as soon as the trainer has
+said (its `restored` event, then `ready`'s start_step), else 0: a restarted rank does not
+report going back to 0 while it restores.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.records import StepRecord
+from worker.agent.metrics_tail import Milestone, Restored, TrainerLine
+
+
+@dataclass
+class RankProgress:
+    started_at: float  # the agent's launch time, until the trainer's own `started` replaces it
+    window: int = 20  # steps in the straggler window (the spec's straggler.window_steps)
+    state: str = "starting"  # running from the first step on; the agent sets the final state
+    last: StepRecord | None = None  # the latest step record
+    rendezvous_at: float | None = None
+    ready_at: float | None = None
+    start_step: int | None = None
+    first_step_at: float | None = None
+    progress_at: float = 0.0  # last time the trainer wrote anything
+    computes: deque[float] = field(default_factory=deque)  # compute_s over the window
+
+    def __post_init__(self) -> None:
+        self.progress_at = self.progress_at or self.started_at
+
+    def absorb(self, line: TrainerLine, now: float, offset: float) -> None:
+        """Take one line of the trainer's metrics file; `now` is server time, `offset` is
+        server time minus the trainer's (local) clock."""
+        self.progress_at = now
+        if isinstance(line, Milestone):
+            for key in ("started_at", "rendezvous_at", "ready_at"):
+                if (t := getattr(line, key)) is not None:
+                    setattr(self, key, t + offset)
+            if line.start_step is not None:
+                self.start_step = line.start_step
+        elif isinstance(line, Restored):
+            self.start_step = line.step
+        elif isinstance(line, StepRecord):
+            self.last, self.state = line, "running"
+            if self.first_step_at is None:
+                self.first_step_at = line.time + offset
+            self.computes.append(line.compute_s)
+            while len(self.computes) > self.window:
+                self.computes.popleft()
+
+    @property
+    def step(self) -> int:
+        if self.last is not None:
+            return self.last.step
+        return self.start_step or 0
+
+    def fields(self) -> dict[str, Any]:
+        """The `RankReport` fields this knows (the process's own are the caller's)."""
+        last, computes = self.last, self.computes
+        return {
+            "state": self.state,
+            "step": self.step,
+            "loss": last.loss if last else None,
+            "tokens_per_s": last.tokens_per_s if last else None,
+            "step_s": last.step_s if last else None,
+            "compute_s": last.compute_s if last else None,
+            "wait_s": last.wait_s if last else None,
+            "started_at": self.started_at,
+            "rendezvous_at": self.rendezvous_at,
+            "ready_at": self.ready_at,
+            "start_step": self.start_step,
+            "first_step_at": self.first_step_at,
+            "progress_at": self.progress_at,
+            "compute_avg": sum(computes) / len(computes) if computes else None,
+            "compute_min": min(computes) if computes else None,
+            "window_n": len(computes),
+        }

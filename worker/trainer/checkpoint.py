@@ -1,0 +1,260 @@
+"""Sharded checkpoints on torch.distributed.checkpoint (DCP): save, commit, restore.
+
+What is saved: the model and optimizer state of every pipeline part, keyed by FQN (so a
+different mesh reshards on load, optimizer state included), and `train_state`: the steps
+completed, consumed samples, data seed (worker/trainer/train_state.py; a restore that
+does not match them is refused) and the LR schedule. No RNG state is kept: training draws
+no random numbers (no dropout; data is a pure function of seed and step).
+
+The checkpointer is handed what it saves (model parts, optimizers, LR schedulers, the data
+stream) and knows nothing of the trainer that owns them.
+
+Async saves use a dedicated gloo group and DCP's stager: `save()` returns once the copy
+is scheduled, `wait_staged()` is called just before the next optimizer step (the step
+must not change tensors that are still being copied), and at most one save is in flight.
+Rank 0 writes the commit marker once DCP's upload finished, which DCP only reports after
+every rank wrote its shards and the coordinator wrote `.metadata`.
+
+Where a checkpoint lives and which one is restored is fenced (worker/ckpt_store.py): saves go
+to this generation's own directory, restore follows the pointer history it is handed (from
+Redis through the agent) and never looks for "the newest" on disk. Under an agent the trainer
+deletes nothing: the agent prunes what the Redis CAS dropped. Standalone, rank 0 keeps the
+pointer in `committed.json` and prunes what falls out of it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+from worker.ckpt_store import CheckpointStore, Committed, Pointer, remove_checkpoints
+from worker.trainer.train_state import DataStream
+
+# DCP gathers every rank's failure into one CheckpointException, a BaseException.
+SAVE_ERRORS = (Exception, CheckpointException)
+OPTIM = StateDictOptions(flatten_optimizer_state_dict=True)
+LOAD = StateDictOptions(strict=False, flatten_optimizer_state_dict=True)  # a part owns a subset
+
+
+@dataclass
+class Pending:
+    step: int
+    started: float
+    blocking_s: float
+    upload: Future
+    staging: Future | None
+
+
+class Checkpointer:
+    def __init__(
+        self,
+        store: CheckpointStore,
+        *,
+        model_parts: list[nn.Module],
+        optimizers: list[Optimizer],
+        lr_schedulers: list[LRScheduler],
+        data: DataStream,
+        device: torch.device,
+        mode: str,
+        keep: int,
+        meta: dict,
+        report: Callable[[dict], None],
+        history: list[Pointer] | None = None,
+    ):
+        """One optimizer and LR scheduler per model part (they share one schedule, saved
+        once). `history`: the committed pointers (newest first) handed down by the agent;
+        None for a standalone run, which keeps its own pointer file."""
+        self.store, self.mode, self.keep, self.meta = store, mode, keep, meta
+        self.model_parts = model_parts
+        self.optimizers = optimizers
+        self.lr_schedulers = lr_schedulers
+        self.data, self.report, self.history = data, report, history
+        self.rank = dist.get_rank()
+        self.group = dist.new_group(backend="gloo")  # saves never queue behind training collectives
+        self.pending: Pending | None = None
+        self.last_committed: int | None = None
+        if mode == "async":
+            on_gpu = device.type == "cuda"
+            opts = StagingOptions(
+                use_pinned_memory=on_gpu,
+                use_shared_memory=False,
+                use_async_staging=True,
+                use_non_blocking_copy=on_gpu,
+            )
+            self.stager = DefaultStager(opts)
+
+    # -- state ---------------------------------------------------------------------------
+    def state_dict(self, step: int) -> dict:
+        model, optim = {}, {}
+        for part, opt in zip(self.model_parts, self.optimizers, strict=True):
+            model.update(get_model_state_dict(part))
+            optim.update(get_optimizer_state_dict(part, opt, options=OPTIM))
+        train_state = {
+            **self.data.train_state(step),
+            "lr_scheduler": self.lr_schedulers[0].state_dict(),
+        }
+        return {"model": model, "optim": optim, "train_state": train_state}
+
+    # -- save ----------------------------------------------------------------------------
+    def save(self, step: int) -> None:
+        """Checkpoint the state after `step` completed steps."""
+        self.finish()  # at most one in flight
+        t0 = time.perf_counter()
+        path = self.store.step_dir(step)
+        if self.rank == 0:
+            self.store.discard(step)  # leftovers of an interrupted save of the same step
+        dist.barrier(group=self.group)
+        state = self.state_dict(step)
+        try:
+            if self.mode == "sync":
+                dcp.save(state, checkpoint_id=str(path), process_group=self.group)
+                done: Future = Future()
+                done.set_result(None)
+                self.pending = Pending(step, t0, time.perf_counter() - t0, done, None)
+            else:
+                resp = dcp.async_save(
+                    state,
+                    checkpoint_id=str(path),
+                    process_group=self.group,
+                    async_stager=self.stager,
+                )
+                self.pending = Pending(
+                    step,
+                    t0,
+                    time.perf_counter() - t0,
+                    resp.upload_completion,
+                    resp.staging_completion,
+                )
+        except SAVE_ERRORS as e:  # storage errors must not stop training
+            self._failed(step, e)
+            return
+        if self.mode == "sync":
+            self.finish()
+
+    def wait_staged(self) -> None:
+        """Block until the in-flight save has its own copy of the tensors."""
+        p = self.pending
+        if p is not None and p.staging is not None and not p.staging.done():
+            t0 = time.perf_counter()
+            p.staging.result()
+            p.blocking_s += time.perf_counter() - t0
+
+    def poll(self) -> None:
+        if self.pending is not None and self.pending.upload.done():
+            self.finish()
+
+    def finish(self) -> None:
+        """Wait for the in-flight save, then commit it (rank 0) or report its failure."""
+        p, self.pending = self.pending, None
+        if p is None:
+            return
+        try:
+            p.upload.result()
+        except SAVE_ERRORS as e:
+            self._failed(p.step, e)
+            return
+        # Every rank reached here: DCP's upload future completes only after the
+        # coordinator gathered all ranks' write results.
+        if self.rank == 0:
+            try:
+                self.store.commit(p.step, self.meta)
+                if self.history is None:  # standalone: this process is the pointer's only writer
+                    remove_checkpoints(self.store.dir, self.store.record(p.step, self.keep))
+            except OSError as e:
+                self._failed(p.step, e)
+                return
+        self.last_committed = p.step
+        self.report(
+            {
+                "event": "checkpoint",
+                "step": p.step,
+                "path": str(self.store.step_dir(p.step)),
+                "keep": self.keep,
+                "blocking_s": p.blocking_s,
+                "total_s": time.perf_counter() - p.started,
+            }
+        )
+
+    def _failed(self, step: int, err: BaseException) -> None:
+        if self.rank == 0:
+            self.store.discard(step)
+            print(
+                f"[meshkeeper] WARNING: checkpoint at step {step} FAILED and was discarded: "
+                f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}; training "
+                f"continues, last committed checkpoint: step {self.last_committed}",
+                file=sys.stderr,
+                flush=True,
+            )
+        self.report(
+            {
+                "event": "checkpoint_failed",
+                "step": step,
+                "error": f"{type(err).__name__}: {err}"[:500],
+            }
+        )
+
+    def close(self) -> None:
+        self.finish()
+        if self.mode == "async":
+            self.stager.close()
+
+    # -- restore -------------------------------------------------------------------------
+    def restore(self) -> Committed | None:
+        """Load the newest committed checkpoint that verifies; None when there is none.
+        Raises ResumeRefused when it was trained on other data than this job's stream."""
+        chosen: list[Committed | None] = [None]
+        if self.rank == 0:
+
+            def warn(msg: str) -> None:
+                print(
+                    f"[meshkeeper] WARNING: skipping checkpoint {msg}; trying the previous one",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                self.report({"event": "checkpoint_skipped", "reason": msg})
+
+            history = self.store.history() if self.history is None else self.history
+            chosen[0] = self.store.first_valid(history, warn)
+        dist.broadcast_object_list(chosen, src=0, group=self.group)
+        ckpt = chosen[0]
+        if ckpt is None:
+            return None
+        state = self.state_dict(0)
+        dcp.load(state, checkpoint_id=str(ckpt.path), process_group=self.group)
+        self.data.check_resume(state["train_state"])  # the same on every rank: all refuse
+        for part, opt in zip(self.model_parts, self.optimizers, strict=True):
+            set_model_state_dict(part, state["model"], options=LOAD)
+            set_optimizer_state_dict(part, opt, state["optim"], options=LOAD)
+        for sched in self.lr_schedulers:
+            sched.load_state_dict(state["train_state"]["lr_scheduler"])
+        self.last_committed = ckpt.step
+        return ckpt
+
+
+def restored_line(ckpt: Committed, now: dict) -> str:
+    was = ckpt.manifest.get("mesh", {})
+    fmt = lambda m: " ".join(f"{k}{m.get(k, '?')}" for k in ("dp", "pp", "tp"))  # noqa: E731
+    note = "same mesh" if was == now else "resharded"
+    return (
+        f"[meshkeeper] resumed from step {ckpt.step} ({ckpt.path}): saved on {fmt(was)}, "
+        f"now {fmt(now)} ({note})"
+    )

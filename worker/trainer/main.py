@@ -1,0 +1,201 @@
+"""Trainer entry point: `torchrun --nproc-per-node N -m worker.trainer --spec job.yaml`.
+
+Also callable in-process as `main(argv)` (the agent's warm processes do that), with the
+same torchrun environment: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT.
+Without them it runs as a single process.
+
+Exit codes the controller reads as deterministic failures (a restart would repeat them;
+docs/architecture.md, "Failure handling"): 2 for a spec, data or checkpoint that cannot be
+used as given, 3 for a non-finite loss or gradient.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+from services.spec import JobSpec, SpecError, check_world_size, load_spec
+from worker.ckpt_store import CheckpointStore, read_history
+from worker.progress import Collectives, counters_path
+from worker.trainer.checkpoint import Checkpointer, restored_line
+from worker.trainer.data import DataError
+from worker.trainer.distributed import init_distributed, shutdown_distributed
+from worker.trainer.metrics_file import MetricsFile
+from worker.trainer.parallel import ParallelDims, RankContext
+from worker.trainer.step import NonFiniteError, StepResult, Trainer
+from worker.trainer.train_state import DataStream, ResumeRefused
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m worker.trainer", description=__doc__.splitlines()[0]
+    )
+    ap.add_argument("--spec", required=True, help="job spec (YAML or JSON)")
+    ap.add_argument(
+        "--metrics-out", help="JSON lines, one per step; '{rank}' in the path = one file per rank"
+    )
+    ap.add_argument(
+        "--checkpoint-root", help="checkpoint directory root (overrides checkpoint.root)"
+    )
+    ap.add_argument(
+        "--generation",
+        type=int,
+        default=0,
+        help="the job's generation: checkpoints are written under g{generation}/ only",
+    )
+    ap.add_argument(
+        "--job-id",
+        help="the controller's job id, recorded as every checkpoint's "
+        "writer (default: the spec's name)",
+    )
+    ap.add_argument(
+        "--restore-from",
+        help="JSON file with the committed checkpoint pointers, "
+        "newest first (the agent writes it from Redis); without it a standalone run "
+        "follows its own {checkpoint root}/{name}/committed.json",
+    )
+    ap.add_argument("--quiet", action="store_true", help="no per-step lines")
+    return ap.parse_args(argv)
+
+
+def make_checkpointer(
+    args, spec: JobSpec, trainer: Trainer, metrics: MetricsFile
+) -> Checkpointer | None:
+    root = args.checkpoint_root or spec.checkpoint.root
+    if not root:
+        return None
+    p = spec.parallel
+    meta = {
+        "job": spec.name,
+        "torch": torch.__version__,
+        "mesh": {"dp": p.dp, "pp": p.pp, "tp": p.tp},
+    }
+    store = CheckpointStore(root, spec.name, generation=args.generation, writer=args.job_id)
+    history = read_history(args.restore_from) if args.restore_from else None
+    return Checkpointer(
+        store,
+        model_parts=trainer.parts,
+        optimizers=trainer.optimizers,
+        lr_schedulers=trainer.schedulers,
+        data=DataStream(spec.data.seed, spec.train.global_batch),
+        device=trainer.ctx.device,
+        mode=spec.checkpoint.mode,
+        keep=spec.checkpoint.keep,
+        meta=meta,
+        report=metrics.write,
+        history=history,
+    )
+
+
+def resume(ckpt: Checkpointer | None, spec: JobSpec, say, metrics: MetricsFile) -> int:
+    """Steps already completed: those of the newest committed checkpoint that verifies, or 0."""
+    t0 = time.perf_counter()
+    restored = ckpt.restore() if ckpt else None
+    if restored is None:
+        return 0
+    p = spec.parallel
+    say(restored_line(restored, {"dp": p.dp, "pp": p.pp, "tp": p.tp}), flush=True)
+    metrics.write(
+        {"event": "restored", "step": restored.step, "restore_s": time.perf_counter() - t0}
+    )
+    return restored.step
+
+
+def run(args: argparse.Namespace) -> int:
+    started_at = time.time()
+    spec = load_spec(args.spec)
+    metrics = MetricsFile(args.metrics_out, int(os.environ.get("RANK", 0)))
+    # Milestones as they happen: the controller reads them as progress (a slow start is not
+    # a hang) and turns them into a recovery's phase durations.
+    metrics.write({"event": "started", "started_at": started_at})
+    rank, world, device = init_distributed(timeout_s=max(60.0, spec.fault_tolerance.hang_after_s))
+    try:
+        check_world_size(spec, world)
+        dims = ParallelDims(spec.parallel, device.type)
+        ctx = RankContext(dims, dims.build_mesh(), rank, device)
+        metrics.write({"event": "rendezvous", "rendezvous_at": time.time()})
+        # Collective progress for the agent, next to this rank's own metrics file. Only with a
+        # per-rank template: without '{rank}' every rank would map the same file and truncate
+        # it under the others (SIGBUS, "mmap length is greater than file size"), and no agent
+        # reads it there anyway.
+        per_rank = args.metrics_out and "{rank}" in args.metrics_out
+        collectives = (
+            Collectives(counters_path(args.metrics_out.replace("{rank}", str(rank))))
+            if per_rank
+            else None
+        )
+        trainer = Trainer(spec, ctx, collectives)
+        say = print if rank == 0 else (lambda *a, **k: None)
+        floor = trainer.batches.entropy_floor()
+        say(
+            f"[meshkeeper] {spec.name}: mesh dp={spec.parallel.dp} pp={spec.parallel.pp} "
+            f"tp={spec.parallel.tp} zero={spec.parallel.zero}, {spec.train.steps} steps"
+            + (f", entropy floor {floor:.4f} nats" if floor is not None else ""),
+            flush=True,
+        )
+        ckpt = make_checkpointer(args, spec, trainer, metrics)
+        start = resume(ckpt, spec, say, metrics)
+        metrics.write({"event": "ready", "ready_at": time.time(), "start_step": start})
+        results: list[StepResult] = []
+        every, steps = spec.checkpoint.every_steps, spec.train.steps
+        for index in range(start, steps):
+            r = trainer.train_step(index, before_update=ckpt.wait_staged if ckpt else lambda: None)
+            results.append(r)
+            metrics.step(r)
+            if not args.quiet:
+                say(
+                    f"step {r.step:>6}/{steps}  loss {r.loss:.4f}  lr {r.lr:.2e}  "
+                    f"|g| {r.grad_norm:.3f}  {r.tokens / r.step_s:,.0f} tok/s  "
+                    f"{r.step_s * 1e3:.0f} ms",
+                    flush=True,
+                )
+            if ckpt:
+                ckpt.poll()
+                if r.step % every == 0 or r.step == steps:
+                    ckpt.save(r.step)
+        if ckpt:
+            ckpt.close()
+        if not results:
+            say(f"[meshkeeper] nothing to do: the checkpoint is at the last step ({steps})")
+            return 0
+        tps = sum(r.tokens for r in results) / sum(r.step_s for r in results)
+        summary = {
+            "event": "done",
+            "final_loss": results[-1].loss,
+            "entropy_floor": floor,
+            "tokens_per_s": tps,
+            "steps": len(results),
+        }
+        metrics.write(summary)
+        metrics.close()
+        gap = (
+            f" (entropy floor {floor:.4f}, gap {results[-1].loss / floor - 1:+.1%})"
+            if floor
+            else ""
+        )
+        say(
+            f"[meshkeeper] done: final loss {results[-1].loss:.4f}{gap}, {tps:,.0f} tokens/s",
+            flush=True,
+        )
+        return 0
+    finally:
+        shutdown_distributed()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except (SpecError, DataError) as e:
+        print(f"meshkeeper: {e}", file=sys.stderr)
+        return 2
+    except ResumeRefused as e:
+        print(f"meshkeeper: cannot resume: {e}", file=sys.stderr)
+        return 2
+    except NonFiniteError as e:
+        print(f"meshkeeper: training stopped: {e}", file=sys.stderr)
+        return 3

@@ -1,0 +1,155 @@
+"""One rank's model, optimizer and train step for any (dp, pp, tp) layout.
+
+Every layout starts from the same full model (deterministic init from train.seed), then
+cuts its pipeline stage, applies TP, activation checkpointing and FSDP, in that order
+(the order torchtitan uses: FSDP must wrap the TP-sharded parameters).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from services.spec import JobSpec
+from worker.progress import Collectives
+from worker.trainer.data import Batches
+from worker.trainer.model import build_model
+from worker.trainer.optim import build_optimizer, build_scheduler, clip_grad_norm
+from worker.trainer.parallel import RankContext, apply_ac, apply_fsdp, apply_tp
+from worker.trainer.pipeline import build_schedule, split_stages
+from worker.trainer.timing import CpuClock
+
+
+class NonFiniteError(RuntimeError):
+    pass
+
+
+@dataclass
+class StepResult:
+    step: int  # steps completed, this one included (services/records.py)
+    loss: float
+    grad_norm: float
+    lr: float
+    step_s: float
+    compute_s: float
+    wait_s: float
+    tokens: int
+
+
+class Trainer:
+    def __init__(self, spec: JobSpec, ctx: RankContext, collectives: Collectives | None = None):
+        """`collectives`: where to count collective phases for the agent (worker/progress.py);
+        None counts them in memory only."""
+        self.spec, self.ctx = spec, ctx
+        p, mesh = spec.parallel, ctx.mesh
+        full = build_model(spec.model, spec.train.seed)
+        if p.pp > 1:
+            parts = split_stages(full, ctx.coord.pp, p)
+        else:
+            parts = [(0, full)]
+        for _, part in parts:
+            part.to(ctx.device)
+            if p.tp > 1:
+                apply_tp(part, mesh["tp"])
+            if p.activation_checkpointing:
+                apply_ac(part)
+            if p.dp > 1:
+                apply_fsdp(part, mesh["dp"], p.zero)
+        self.parts = [m for _, m in parts]
+        self.params = [q for m in self.parts for q in m.parameters()]
+        # One optimizer per pipeline part: checkpoints key optimizer state by each part's
+        # parameter names, which is what lets a different pipeline split reload it.
+        self.optimizers = [build_optimizer(list(m.parameters()), spec.train) for m in self.parts]
+        self.schedulers = [build_scheduler(o, spec.train) for o in self.optimizers]
+        self.schedule = (
+            build_schedule(parts, p, mesh["pp"], ctx.device, self._loss_fn) if p.pp > 1 else None
+        )
+        self.batches = Batches(spec.data, spec.model, spec.train.global_batch, p.dp)
+        self.clock = CpuClock()
+        self.collectives = collectives or Collectives(None)
+
+    def _loss_fn(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        # Mean over the microbatch, pre-divided by the microbatch count: summing the
+        # microbatches' gradients then gives the gradient of the local mean loss.
+        ce = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
+        return ce / self.spec.parallel.microbatches
+
+    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Local mean loss (meaningful on last-stage ranks only under PP)."""
+        x, y = x.to(self.ctx.device), y.to(self.ctx.device)
+        if self.schedule is not None:
+            losses: list[torch.Tensor] = []
+            stage0 = self.ctx.coord.pp == 0
+            last = self.ctx.coord.pp == self.spec.parallel.pp - 1
+            self.schedule.step(
+                *([x] if stage0 else []),
+                target=y if last else None,
+                losses=losses,
+                return_outputs=False,
+            )
+            return (
+                torch.stack(losses).sum().detach() if losses else torch.zeros((), device=x.device)
+            )
+        total = torch.zeros((), device=x.device)
+        model = self.parts[0]
+        n = self.spec.parallel.microbatches
+        for xm, ym in zip(x.chunk(n), y.chunk(n), strict=True):
+            loss = self._loss_fn(model(xm), ym)
+            loss.backward()
+            total += loss.detach()
+        return total
+
+    def global_loss(self, local: torch.Tensor) -> float:
+        """Mean over the global batch: each DP replica's loss leader adds its share."""
+        share = (
+            local.double().cpu() / self.spec.parallel.dp
+            if self.ctx.is_last_stage_leader
+            else torch.zeros((), dtype=torch.float64)
+        )
+        dist.all_reduce(share)
+        return float(share)
+
+    def train_step(self, index: int, before_update=lambda: None) -> StepResult:
+        """Run step `index` (0-based: `index` steps are done before it); `before_update` runs
+        just before parameters change."""
+        t0 = time.perf_counter()
+        self.clock.start()
+        self.collectives.step_boundary()
+        x, y = self.batches.local(index, self.ctx.coord.dp)
+        # Each collective phase is counted entered/left (worker/progress.py): the same three
+        # phases on every rank, so a hang's counts show which rank the others wait for.
+        with self.collectives.phase():
+            local = self._forward_backward(x, y)
+        p = self.spec.parallel
+        with self.collectives.phase():
+            grad_norm = clip_grad_norm(self.params, self.spec.train.grad_clip, p.dp * p.tp)
+        with self.collectives.phase():
+            loss = self.global_loss(local)
+        if not (torch.isfinite(torch.tensor(loss)) and torch.isfinite(torch.tensor(grad_norm))):
+            raise NonFiniteError(
+                f"step {index + 1}: loss {loss}, grad norm {grad_norm} is not "
+                "finite; lower train.lr or raise train.warmup_steps"
+            )
+        lr = self.schedulers[0].get_last_lr()[0]
+        before_update()
+        for opt, sched in zip(self.optimizers, self.schedulers, strict=True):
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+        step_s = time.perf_counter() - t0
+        # Whole-step CPU demand: time blocked in any collective is in neither part of it.
+        compute = min(self.clock.stop(), step_s)
+        return StepResult(
+            index + 1,
+            loss,
+            grad_norm,
+            lr,
+            step_s,
+            compute,
+            step_s - compute,
+            self.spec.train.global_batch * self.spec.model.seq_len,
+        )
