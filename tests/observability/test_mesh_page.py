@@ -198,15 +198,22 @@ def test_a_page_opened_late_charts_the_whole_history(obs, browser, tmp_path):
         hist = history(obs, job)
         assert hist.total_points == len(hist.points)  # fewer than the page asks for: all of them
         assert hist.points[-1].step == 60 and hist.recoveries == []
+        want_marks = sorted(["checkpoint", c.step] for c in hist.checkpoints)
+        # The page re-reads the history at most every few seconds, so one drawing can hold
+        # step 60 before the step-60 checkpoint's mark: wait for the whole final history.
         charts = wait_until(
-            lambda: (c := browser.execute_script(CHARTS)) and c["steps"][-1] == 60 and c,
+            lambda: (
+                (c := browser.execute_script(CHARTS))
+                and c["steps"][-1] == 60
+                and sorted(c["marks"]) == want_marks
+                and c
+            ),
             30,
-            "the charts drawn to step 60",
+            f"the charts drawn to step 60, marked with {want_marks}",
         )
         assert charts["steps"] == drawn_steps(hist) and charts["steps"][0] == first
         assert charts["loss"] == [p.loss for p in hist.points]
         assert charts["tps"] == [p.tokens_per_s for p in hist.points]
-        assert sorted(charts["marks"]) == sorted(["checkpoint", c.step] for c in hist.checkpoints)
         browser.save_screenshot(str(tmp_path / "mesh-late.png"))
         errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
         assert not errors, f"the page logged errors: {errors}"
