@@ -123,6 +123,29 @@ class ParallelSpec(Strict):
     virtual_stages: int = Field(default=1, ge=1, le=64)
     microbatches: int = Field(default=1, ge=1, le=4096)
     activation_checkpointing: bool = False
+    precision: Literal["fp32", "bf16"] = Field(
+        default="fp32",
+        description="Compute precision. bf16: forward and backward in bf16, with fp32 master "
+        "weights, optimizer state and gradient reductions (FSDP2's MixedPrecisionPolicy). "
+        "fp32 is bit-reproducible and what the parity tests compare.",
+    )
+    loss_parallel: bool = Field(
+        default=True,
+        description="With tp > 1: shard the embedding and the LM head over the vocabulary and "
+        "compute the cross-entropy on the vocab shards (torch's loss_parallel), so no rank "
+        "holds the whole vocabulary's logits. No effect at tp 1.",
+    )
+    sequence_parallel: bool = Field(
+        default=True,
+        description="With tp > 1: split the norms' activations over the sequence on the TP "
+        "axis (Megatron-style sequence parallelism), so they are not computed tp times.",
+    )
+    auto: bool = Field(
+        default=False,
+        description="Let the controller choose dp, pp, tp, zero, microbatches, virtual stages "
+        "and activation checkpointing at admission from the live pool (the planner); the "
+        "degrees given here are then ignored.",
+    )
 
     @property
     def world_size(self) -> int:
