@@ -49,6 +49,10 @@ def with_local_world(ranks: list[RankEntry], host_of: dict[str, str]) -> list[Ra
     return [dc_replace(r, local_world_size=per_host[host_of.get(r.wid, r.wid)]) for r in ranks]
 
 
+def _by_slot(r: RankEntry) -> tuple[int, int]:
+    return r.local_rank, r.rank
+
+
 def replace_workers(
     shape: MeshShape,
     ranks: list[RankEntry],
@@ -72,7 +76,13 @@ def replace_workers(
         new = (same_host or fits)[0]
         pool.remove(new)
         moved[old] = new.wid
-    new_ranks = [dc_replace(r, wid=moved.get(r.wid, r.wid)) for r in ranks]
+    # A moved rank takes a slot of its new worker (0, 1, ... in its old slot order): the old
+    # worker's slot numbers may not exist there (slot 6 on a 2-device worker).
+    slot = {r.rank: i for w in need.values() for i, r in enumerate(sorted(w, key=_by_slot))}
+    new_ranks = [
+        dc_replace(r, wid=moved[r.wid], local_rank=slot[r.rank]) if r.wid in moved else r
+        for r in ranks
+    ]
     host_of = {**host_of, **{c.wid: c.host for c in candidates}}
     spares = [w for w in keep_spares if w not in moved.values()]
     return Layout(shape, with_local_world(new_ranks, host_of), microbatches, moved, spares)

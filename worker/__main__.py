@@ -16,7 +16,6 @@ import secrets
 import signal
 import socket
 import ssl
-import subprocess
 import sys
 import threading
 import time
@@ -32,6 +31,7 @@ from services.tokens import TokenError, read_token
 from worker.agent.agent import Agent, AgentConfig, default_address
 from worker.agent.metrics_endpoint import AgentMetrics
 from worker.agent.retry import Outage
+from worker.devices import discover
 
 log = logging.getLogger("meshkeeper.agent")
 
@@ -44,10 +44,8 @@ def _label(text: str) -> tuple[str, str]:
 
 
 def _gpus() -> int:
-    try:
-        return len(os.listdir("/proc/driver/nvidia/gpus")) or 1
-    except OSError:
-        return 1
+    """The GPUs CUDA will show this worker's trainers (NVML, CUDA_VISIBLE_DEVICES applied)."""
+    return len(discover())
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -103,7 +101,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="address other workers reach this one at (rendezvous)",
     )
     ap.add_argument("--label", type=_label, action="append", default=[], help="KEY=VALUE")
-    ap.add_argument("--devices", type=int, default=_gpus(), help="ranks this worker can run")
+    gpus = _gpus()
+    ap.add_argument(
+        "--devices",
+        type=int,
+        default=gpus or 1,
+        help="ranks this worker can run (default: its visible GPUs, else 1)",
+    )
     ap.add_argument(
         "--warm", type=int, default=None, help="warm trainer processes (default: devices)"
     )
@@ -154,6 +158,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--redis-address {args.redis_address!r}: use HOST:PORT, like 10.0.0.5:6380")
     if args.devices < 1 or (args.warm is not None and args.warm < 0):
         ap.error("--devices must be >= 1 and --warm >= 0")
+    if gpus and args.devices > gpus:  # each rank needs a GPU of its own (NCCL)
+        ap.error(f"--devices {args.devices}: only {gpus} GPU(s) visible (CUDA_VISIBLE_DEVICES)")
     return args
 
 
@@ -184,20 +190,11 @@ def join_token(args: argparse.Namespace) -> str:
 
 
 def device_memory(devices: int) -> tuple[str, int]:
-    """("cuda", the smallest GPU's memory) on an NVIDIA host, else ("cpu", host RAM per device)."""
-    if os.path.isdir("/proc/driver/nvidia/gpus"):
-        try:
-            out = subprocess.run(
-                ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=True,
-            ).stdout
-            return "cuda", min(int(x) for x in out.split()) << 20  # MiB
-        except (OSError, subprocess.SubprocessError, ValueError):
-            log.warning("cannot read GPU memory with nvidia-smi; reporting 0 bytes")
-            return "cuda", 0
+    """("cuda", the smallest visible GPU's memory) where NVML finds GPUs, else ("cpu", host
+    RAM per device)."""
+    gpus = discover()
+    if gpus:
+        return "cuda", min(g.memory_bytes for g in gpus)
     return "cpu", psutil.virtual_memory().total // devices
 
 

@@ -41,6 +41,7 @@ from worker.agent.rank_process import RankProcess
 from worker.agent.rank_progress import RankProgress
 from worker.agent.retry import Outage
 from worker.ckpt_store import Pointer, remove_checkpoints
+from worker.devices import device_indices
 
 log = logging.getLogger("meshkeeper.agent")
 REREAD_S = 5.0  # safety net for lost pub/sub messages
@@ -251,11 +252,16 @@ class Agent:
             lease_s=spec["fault_tolerance"]["dead_after_s"] / 2,
             checkpoints=ckpt_root / spec["name"],
         )
-        for e in asg.ranks_of(self.cfg.wid):
+        mine = asg.ranks_of(self.cfg.wid)
+        try:  # this worker's own device count decides, whatever the slots say
+            device = device_indices({e.rank: e.local_rank for e in mine}, self.cfg.devices)
+        except ValueError as err:
+            return self._refuse(job, generation, asg, str(err))
+        for e in mine:
             env = {
                 "RANK": str(e.rank),
                 "WORLD_SIZE": str(asg.shape.world_size),
-                "LOCAL_RANK": str(e.local_rank),
+                "LOCAL_RANK": str(device[e.rank]),
                 "LOCAL_WORLD_SIZE": str(e.local_world_size),
                 "MASTER_ADDR": asg.master_addr,
                 "MASTER_PORT": str(asg.master_port),
