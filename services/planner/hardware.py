@@ -1,0 +1,113 @@
+"""Hardware profiles the planner costs a layout against (docs/planner.md, "Hardware profiles").
+
+Each figure of the GPU profiles comes from the vendor's datasheet (sources in docs/planner.md);
+`cpu` was measured on the build machine with bench/cpu_profile.py (one process per core,
+OMP_NUM_THREADS=1, gloo over loopback), the way the local stack runs trainers. Bandwidths are
+per device and per direction: what one rank can push through its link tier at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GB = 10**9
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    name: str
+    memory_bytes: int  # per device, as the datasheet states it (decimal GB)
+    flops: dict[str, float]  # dense peak FLOP/s per precision (fp32 without TF32, bf16)
+    # fraction of peak a large transformer GEMM reaches (matmul efficiency, not MFU)
+    gemm_efficiency: float
+    memory_bw: float  # device memory bytes/s (the roofline's slope for small GEMMs)
+    intra_host_bw: float  # bytes/s per device per direction within a host (NVLink)
+    inter_host_bw: float  # bytes/s per device per direction across hosts (InfiniBand)
+    intra_host_latency_s: float  # one collective step within a host
+    inter_host_latency_s: float  # one collective step across hosts
+    # what a trainer process holds before any model byte: CUDA context, NCCL and allocator
+    # reserve on GPU; the interpreter, torch and gloo on CPU (measured)
+    runtime_bytes: int
+    op_overhead_s: float  # fixed cost of one op (dispatch, autograd, kernel launch)
+    # share of DP traffic that can run behind compute: NCCL on its own streams overlaps;
+    # gloo on a CPU rank competes with the compute for the same core
+    comm_overlap: float
+    # share of device memory a plan may use: the rest is left for allocator fragmentation
+    usable_fraction: float
+
+
+# Measured on the 2-core build machine (bench/cpu_profile.py; docs/planner.md has the run).
+CPU = DeviceProfile(
+    name="cpu",
+    memory_bytes=0,  # host RAM / devices, from the pool (or --memory-per-device)
+    flops={"fp32": 7.0e10, "bf16": 3.7e11},  # one thread; this CPU has AMX for bf16
+    gemm_efficiency=1.0,  # the measured figure already is what a GEMM reaches
+    memory_bw=5.0e9,
+    intra_host_bw=9.0e8,  # gloo over loopback
+    inter_host_bw=9.0e8,
+    intra_host_latency_s=8.5e-5,
+    inter_host_latency_s=8.5e-5,
+    runtime_bytes=330 * 2**20,
+    op_overhead_s=6e-6,
+    comm_overlap=0.0,
+    usable_fraction=1.0,
+)
+
+A100_80GB = DeviceProfile(
+    name="a100-80gb",
+    memory_bytes=80 * GB,
+    flops={"fp32": 19.5e12, "bf16": 312e12},
+    gemm_efficiency=0.7,
+    memory_bw=2.039e12,
+    intra_host_bw=300 * GB,  # NVLink 3: 600 GB/s bidirectional
+    inter_host_bw=25 * GB,  # one HDR 200 Gb/s InfiniBand port per GPU (DGX A100)
+    intra_host_latency_s=10e-6,
+    inter_host_latency_s=20e-6,
+    runtime_bytes=2 * GiB,
+    op_overhead_s=5e-6,
+    comm_overlap=1.0,
+    usable_fraction=0.9,
+)
+
+H100_80GB = DeviceProfile(
+    name="h100-80gb",
+    memory_bytes=80 * GB,
+    flops={"fp32": 67e12, "bf16": 989e12},
+    gemm_efficiency=0.6,
+    memory_bw=3.35e12,
+    intra_host_bw=450 * GB,  # NVLink 4: 900 GB/s bidirectional
+    inter_host_bw=50 * GB,  # one NDR 400 Gb/s InfiniBand port per GPU (DGX H100)
+    intra_host_latency_s=10e-6,
+    inter_host_latency_s=20e-6,
+    runtime_bytes=2 * GiB,
+    op_overhead_s=5e-6,
+    comm_overlap=1.0,
+    usable_fraction=0.9,
+)
+
+H200_141GB = DeviceProfile(
+    name="h200-141gb",
+    memory_bytes=141 * GB,
+    flops={"fp32": 67e12, "bf16": 989e12},
+    gemm_efficiency=0.6,
+    memory_bw=4.8e12,
+    intra_host_bw=450 * GB,  # NVLink 4: 900 GB/s bidirectional
+    inter_host_bw=50 * GB,  # one NDR 400 Gb/s InfiniBand port per GPU (DGX H200)
+    intra_host_latency_s=10e-6,
+    inter_host_latency_s=20e-6,
+    runtime_bytes=2 * GiB,
+    op_overhead_s=5e-6,
+    comm_overlap=1.0,
+    usable_fraction=0.9,
+)
+
+PROFILES: dict[str, DeviceProfile] = {p.name: p for p in (CPU, A100_80GB, H100_80GB, H200_141GB)}
+
+
+def profile(name: str) -> DeviceProfile:
+    """The profile called `name`; a ValueError naming the known ones otherwise."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown device {name!r}; choose one of {', '.join(PROFILES)}") from None

@@ -1,0 +1,140 @@
+"""Bytes one rank holds at its peak (docs/planner.md, "Memory anatomy").
+
+The model follows what the trainer builds (docs/architecture.md, "Trainer"): fp32 master
+weights, gradients and AdamW's two moments, sharded over dp by ZeRO 2/3 (FSDP2); the
+unsharded copies FSDP2 gathers to compute with; the activations each schedule keeps in flight;
+the pipeline's receive buffers and the loss's logits; and the process's own runtime. The rank
+reported is the worst pipeline position: the first (embedding, most microbatches in flight)
+or the last (LM head, logits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.planner.layout import Cluster, Layout
+from services.spec import JobSpec
+
+MASTER_B, GRAD_B, ADAM_B = 4, 4, 8  # fp32 weights, fp32 gradients, AdamW exp_avg + exp_avg_sq
+LOGITS_B = 4  # the loss upcasts logits to fp32 (worker/trainer/step.py)
+
+
+@dataclass(frozen=True)
+class MemoryAnatomy:
+    params: int  # fp32 master weights this rank stores (its ZeRO shard)
+    grads: int
+    optimizer: int
+    gathered: int  # unsharded parameters FSDP2 holds while computing (and bf16 copies)
+    activations: int  # saved for backward, every microbatch in flight
+    buffers: int  # pipeline receive buffers, logits, one layer's backward workspace
+    runtime: int  # the process before any model byte (the device profile's, measured on CPU)
+    position: str  # which pipeline rank this is: "first", "last" or "only"
+
+    @property
+    def total(self) -> int:
+        return (
+            self.params
+            + self.grads
+            + self.optimizer
+            + self.gathered
+            + self.activations
+            + self.buffers
+            + self.runtime
+        )
+
+
+def layer_params(spec: JobSpec) -> tuple[int, int]:
+    """(TP-sharded, replicated) parameters of one transformer block."""
+    d, f = spec.model.d_model, spec.model.ffn
+    return 4 * d * d + 3 * d * f, 2 * d
+
+
+def vocab_sharded(spec: JobSpec, tp: int) -> bool:
+    return spec.parallel.loss_parallel and tp > 1
+
+
+def act_bytes(spec: JobSpec) -> int:
+    return 2 if spec.parallel.precision == "bf16" else 4
+
+
+def layer_activations(spec: JobSpec, tp: int, tokens: int) -> int:
+    """Bytes one block saves for backward for `tokens` tokens. Counted from the model
+    (worker/trainer/model.py): per token, q and k before and after RoPE, v, the attention
+    output and its contiguous copy (7 d, split over tp) and the SwiGLU gate, its SiLU, up and
+    their product (4 ffn, split over tp); the two RMSNorms keep their input, the normalized
+    input and their output (6 d, split over tp only under sequence parallelism)."""
+    d, f = spec.model.d_model, spec.model.ffn
+    norms = 6 * d / (tp if spec.parallel.sequence_parallel and tp > 1 else 1)
+    return int(tokens * ((7 * d + 4 * f) / tp + norms) * act_bytes(spec))
+
+
+def in_flight(layout: Layout, position: str, layers: int) -> float:
+    """Block-microbatches whose activations a pipeline rank holds at its peak.
+    GPipe runs every forward first; 1F1B keeps pp - r; interleaved 1F1B keeps
+    2(pp - r - 1) + (v - 1) pp + 1 chunks of layers/(pp v) blocks (Narayanan et al., 2021)."""
+    pp, m, v = layout.pp, layout.microbatches, layout.virtual_stages
+    per_rank = layers // pp
+    if pp == 1:
+        return per_rank  # one microbatch at a time: forward, backward, next
+    r = 0 if position == "first" else pp - 1
+    if layout.pp_schedule == "gpipe":
+        return m * per_rank
+    if layout.pp_schedule == "1f1b":
+        return min(pp - r, m) * per_rank
+    chunks = min(m * v, 2 * (pp - r - 1) + (v - 1) * pp + 1)
+    return chunks * per_rank / v
+
+
+def rank_memory(spec: JobSpec, layout: Layout, cluster: Cluster) -> MemoryAnatomy:
+    """The worst pipeline rank's anatomy (the largest total)."""
+    positions = ["only"] if layout.pp == 1 else ["first", "last"]
+    return max((_at(spec, layout, cluster, pos) for pos in positions), key=lambda a: a.total)
+
+
+def _at(spec: JobSpec, layout: Layout, cluster: Cluster, position: str) -> MemoryAnatomy:
+    m, t = spec.model, spec.train
+    tp, dp = layout.tp, layout.dp
+    sharded, replicated = layer_params(spec)
+    block = sharded // tp + replicated
+    blocks = m.layers // layout.pp
+    vocab_rows = m.vocab * m.d_model // (tp if vocab_sharded(spec, tp) else 1)
+    edge = 0
+    if position in ("first", "only"):
+        edge += vocab_rows  # embedding
+    if position in ("last", "only"):
+        edge += vocab_rows + m.d_model  # LM head and final norm
+    local = blocks * block + edge  # parameters of this rank's stage(s), before ZeRO
+    shard = local / dp if layout.zero in (2, 3) else local
+    compute_b = act_bytes(spec)
+    if layout.zero == 2:
+        gathered = local * compute_b  # kept unsharded from forward to the end of backward
+    elif layout.zero == 3:
+        gathered = (2 * block + edge) * compute_b  # the block computing, the next prefetched
+    else:
+        gathered = local * 2 if compute_b == 2 else 0  # bf16 compute copies of the weights
+    tokens = (t.global_batch // (dp * layout.microbatches)) * m.seq_len
+    per_block = layer_activations(spec, tp, tokens)
+    if layout.activation_checkpointing:
+        shard_seq = tp if spec.parallel.sequence_parallel and tp > 1 else 1
+        saved = tokens * m.d_model * compute_b // shard_seq  # each block's input only
+    else:
+        saved = per_block
+    activations = in_flight(layout, position, m.layers) * saved
+    buffers = per_block  # one block's backward workspace (or its recomputation under AC)
+    if layout.pp > 1:
+        # PipelineStage allocates an activation and a gradient receive buffer per microbatch
+        buffers += 2 * layout.microbatches * layout.virtual_stages * tokens * m.d_model * compute_b
+    if position in ("last", "only"):
+        held = 1 if layout.pp == 1 or layout.pp_schedule != "gpipe" else layout.microbatches
+        vocab = m.vocab // (tp if vocab_sharded(spec, tp) else 1)
+        buffers += tokens * vocab * LOGITS_B * (held + 2)  # saved log-softmax; logits + grad
+    return MemoryAnatomy(
+        params=int(shard * MASTER_B),
+        grads=int(shard * GRAD_B),
+        optimizer=int(shard * ADAM_B),
+        gathered=int(gathered),
+        activations=int(activations),
+        buffers=int(buffers),
+        runtime=cluster.device.runtime_bytes,
+        position=position,
+    )

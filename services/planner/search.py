@@ -1,0 +1,182 @@
+"""Every layout a spec can run with on a cluster, costed and ranked (docs/planner.md, "Search").
+
+Candidates obey the same divisibility rules as services/spec.py (heads and ffn by tp, vocab
+too with loss_parallel, layers by pp*v, the batch by dp*M, M >= pp, M divisible by pp for
+interleaving) and the topology rule: a TP group lies inside one host, so tp divides the
+devices per worker; PP, then DP, cross hosts. A plan is feasible when its worst rank fits the
+usable memory of a device; feasible plans rank by estimated step time, then memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from services.planner.cost import StepCost, step_cost
+from services.planner.layout import Cluster, Layout
+from services.planner.memory import MemoryAnatomy, rank_memory
+from services.spec import JobSpec
+
+GiB = 2**30
+
+
+def divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+@dataclass(frozen=True)
+class Plan:
+    layout: Layout
+    memory: MemoryAnatomy
+    cost: StepCost
+    capacity_bytes: int  # usable bytes of one device
+    problems: tuple[str, ...]  # why it cannot run; empty when feasible
+
+    @property
+    def feasible(self) -> bool:
+        return not self.problems
+
+    def explain(self) -> str:
+        mem, cap = self.memory, self.capacity_bytes
+        state = mem.params + mem.grads + mem.optimizer
+        fit = (
+            f"fits: {mem.total / GiB:.2f} of {cap / GiB:.2f} GiB on the {mem.position} "
+            "pipeline rank"
+            if self.feasible
+            else "does not fit: " + "; ".join(self.problems)
+        )
+        biggest = max(
+            ("weights, grads and Adam", state),
+            ("gathered weights", mem.gathered),
+            ("activations", mem.activations),
+            ("buffers", mem.buffers),
+            ("runtime", mem.runtime),
+            key=lambda kv: kv[1],
+        )
+        share = getattr(self.cost, _PART_FIELD[self.cost.dominant()])
+        return (
+            f"{fit} (largest: {biggest[0]} {biggest[1] / GiB:.2f} GiB); "
+            f"step dominated by {self.cost.dominant()} "
+            f"({share / self.cost.step_time_s:.0%} of {self.cost.step_time_s:.3g} s)"
+        )
+
+    def to_json(self) -> dict:
+        lay, c = self.layout, self.cost
+        return {
+            "dp": lay.dp,
+            "pp": lay.pp,
+            "tp": lay.tp,
+            "zero": lay.zero,
+            "microbatches": lay.microbatches,
+            "virtual_stages": lay.virtual_stages,
+            "pp_schedule": lay.pp_schedule,
+            "activation_checkpointing": lay.activation_checkpointing,
+            "memory_per_rank_bytes": self.memory.total,
+            "memory": {
+                k: getattr(self.memory, k)
+                for k in (
+                    "params",
+                    "grads",
+                    "optimizer",
+                    "gathered",
+                    "activations",
+                    "buffers",
+                    "runtime",
+                )
+            },
+            "capacity_bytes": self.capacity_bytes,
+            "step_time_s": c.step_time_s,
+            "bubble": c.bubble,
+            "time": {
+                "compute_s": c.compute_s,
+                "bubble_s": c.bubble_s,
+                "tp_s": c.tp_s,
+                "pp_s": c.pp_s,
+                "dp_s": c.dp_s,
+                "optimizer_s": c.optimizer_s,
+            },
+            "comm_bytes": {"tp": c.tp_bytes, "pp": c.pp_bytes, "dp": c.dp_bytes},
+            "feasible": self.feasible,
+            "problems": list(self.problems),
+            "explanation": self.explain(),
+        }
+
+
+_PART_FIELD = {
+    "compute": "compute_s",
+    "pipeline bubble": "bubble_s",
+    "TP communication": "tp_s",
+    "PP communication": "pp_s",
+    "DP communication": "dp_s",
+    "optimizer step": "optimizer_s",
+}
+
+
+def layout_problems(spec: JobSpec, layout: Layout, cluster: Cluster) -> list[str]:
+    """Why `layout` cannot run `spec` on `cluster` beyond memory (topology and size)."""
+    out = []
+    if layout.world > cluster.devices:
+        out.append(
+            f"dp*pp*tp = {layout.world} ranks exceed the {cluster.devices} devices "
+            f"({cluster.workers} workers x {cluster.devices_per_worker})"
+        )
+    if cluster.devices_per_worker % layout.tp:
+        out.append(
+            f"tp {layout.tp} does not divide the {cluster.devices_per_worker} devices of a "
+            "worker: a TP group must stay inside one host"
+        )
+    return out
+
+
+def evaluate(spec: JobSpec, layout: Layout, cluster: Cluster) -> Plan:
+    """Cost one layout; memory beyond the device is reported in `problems`."""
+    memory = rank_memory(spec, layout, cluster)
+    capacity = int(cluster.memory_per_device * cluster.device.usable_fraction)
+    problems = layout_problems(spec, layout, cluster)
+    if memory.total > capacity:
+        problems.append(
+            f"the {memory.position} pipeline rank needs {memory.total / GiB:.2f} GiB, "
+            f"more than the {capacity / GiB:.2f} GiB usable on a {cluster.device.name} device"
+        )
+    return Plan(layout, memory, step_cost(spec, layout, cluster), capacity, tuple(problems))
+
+
+def _schedules(pp: int, microbatches: int, stage_layers: int) -> Iterator[tuple[str, int]]:
+    if pp == 1:
+        yield "1f1b", 1
+        return
+    yield "gpipe", 1
+    yield "1f1b", 1
+    if microbatches % pp == 0:
+        for v in divisors(stage_layers)[1:]:
+            yield "interleaved_1f1b", v
+
+
+def candidates(spec: JobSpec, cluster: Cluster) -> Iterator[Layout]:
+    """Every layout the spec's own checks accept and the topology allows."""
+    m, batch = spec.model, spec.train.global_batch
+    for tp in divisors(cluster.devices_per_worker):
+        if m.heads % tp or m.ffn % tp or (spec.parallel.loss_parallel and m.vocab % tp):
+            continue
+        for pp in divisors(m.layers):
+            if pp * tp > cluster.devices:
+                break
+            for dp in divisors(batch):
+                if dp * pp * tp > cluster.devices:
+                    break
+                for mb in divisors(batch // dp):
+                    if mb < pp:
+                        continue
+                    for sched, v in _schedules(pp, mb, m.layers // pp):
+                        for zero in (0, 2, 3) if dp > 1 else (0,):
+                            for ac in (False, True):
+                                yield Layout(dp, pp, tp, zero, mb, v, ac, sched)
+
+
+def search(spec: JobSpec, cluster: Cluster) -> list[Plan]:
+    """Every feasible plan, best (fastest, then smallest) first."""
+    plans = (evaluate(spec, lay, cluster) for lay in candidates(spec, cluster))
+    return sorted(
+        (p for p in plans if p.feasible),
+        key=lambda p: (p.cost.step_time_s, p.memory.total),
+    )
