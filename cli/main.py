@@ -4,6 +4,7 @@ meshkeeper up --workers 8                  # local stack: redis-server, controll
 meshkeeper submit examples/tiny-3d.yaml --watch
 meshkeeper status [JOB] | watch JOB | cancel JOB | workers | ready
 meshkeeper demo                            # up + a 3D job, a rank killed, the recovery
+meshkeeper plan SPEC --workers 32 --devices-per-worker 8 --device a100-80gb [--json]
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
-from cli import render
+from cli import plan, render
 from cli.demo import run_demo
 from cli.local_stack import LocalStack, StackConfig, StackError, wait_ready
 from cli.watch import TERMINAL, watch
@@ -222,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_cancel)
     p = sub.add_parser("workers", help="the worker pool")
     p.set_defaults(fn=cmd_workers)
+    plan.add_parser(sub)
     p = sub.add_parser("ready", help="wait for the controller and N workers (for scripts)")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--timeout", type=float, default=60)

@@ -3,29 +3,31 @@
 Checked after the spec itself is valid (services/spec.py):
   - paths: `data.source` and `checkpoint.root` under the configured roots (services/paths.py);
   - quota: the job's ranks within its owner's quota of running ranks (`Quotas`);
-  - memory: a first-order per-rank estimate (`rank_memory`) within the largest device of the
-    pool (the live registered workers);
+  - memory: the planner's per-rank peak (services/planner, docs/planner.md) within the largest
+    device of the pool (the live registered workers); a refusal names the nearest layout that
+    fits;
   - size: the ranks and spares within the pool's workers whose devices are large enough.
 With no live worker there is nothing to judge the last two against (workers may join later):
 the job is admitted and waits; the scheduler's backfill keeps it from blocking others.
+`parallel.auto` specs get the planner's best layout for the live pool first.
 Torch-free, like the rest of the controller.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from controller.placement import natural_key
+from services import planner
 from services.paths import confine_spec
+from services.planner import Cluster, Layout
+from services.planner.hardware import host_memory_per_device
+from services.planner.search import candidates
 from services.spec import JobSpec, Problem, SpecError
 from services.store import Store
 
 GiB = 2**30
-# Bytes per parameter in training: fp32 weights (4) + grads (4) + Adam's two moments (8).
-WEIGHT_B, GRAD_B, ADAM_B = 4, 4, 8
-ACT_B = 4  # fp32 activations
-RUNTIME_B = 256 * 2**20  # interpreter, torch and the process group, per rank
 
 
 @dataclass(frozen=True)
@@ -54,55 +56,6 @@ class PoolWorker:
     device_kind: str
 
 
-@dataclass(frozen=True)
-class RankMemory:
-    state: int  # weights, grads and optimizer moments held by one rank
-    activations: int  # the microbatches in flight on the first pipeline stage
-
-    @property
-    def total(self) -> int:
-        return self.state + self.activations + RUNTIME_B
-
-
-def rank_memory(spec: JobSpec) -> RankMemory:
-    """First-order bytes one rank needs. The model is split evenly over tp*pp (embedding and
-    head ignored); ZeRO 2 shards grads and moments over dp, ZeRO 3 the weights too.
-    Activations per layer and microbatch follow Korthikanti et al. (2022), s*b*h*34 bytes at
-    16 bits (the model's fused SDPA keeps no s*s scores, so their 5as/h term is left out),
-    doubled for fp32 and split over tp; with activation checkpointing only each layer's input
-    is kept. 1F1B keeps up to pp microbatches in flight, GPipe all of them."""
-    m, p, t = spec.model, spec.parallel, spec.train
-    shard = m.params / (p.tp * p.pp)
-    if p.zero == 3:
-        state = shard * (WEIGHT_B + GRAD_B + ADAM_B) / p.dp
-    elif p.zero == 2:
-        state = shard * (WEIGHT_B + (GRAD_B + ADAM_B) / p.dp)
-    else:
-        state = shard * (WEIGHT_B + GRAD_B + ADAM_B)
-    s, h, b = m.seq_len, m.d_model, max(1, t.global_batch // (p.dp * p.microbatches))
-    layer = s * b * h * 34 * (ACT_B / 2) / p.tp
-    stage_layers = m.layers // p.pp
-    per_micro = (
-        (stage_layers * s * b * h * ACT_B + layer)
-        if p.activation_checkpointing
-        else stage_layers * layer
-    )
-    in_flight = p.microbatches if p.pp_schedule == "gpipe" else min(p.pp, p.microbatches)
-    return RankMemory(int(state), int(per_micro * in_flight))
-
-
-def host_memory_per_device(devices: int) -> int:
-    """What an agent on this host reports when its registration has no memory_bytes: host RAM
-    (MemTotal) shared by its devices."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024 // max(1, devices)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
 def live_pool(store: Store, alive_s: float) -> list[PoolWorker]:
     """Every live registered worker, busy or idle (busy ones free up; capacity is what counts)."""
     wids = sorted(store.alive_workers(alive_s), key=natural_key)
@@ -122,31 +75,85 @@ def _gib(n: float) -> str:
     return f"{n / GiB:,.1f} GiB"
 
 
+def pool_cluster(pool: list[PoolWorker], max_ranks: int | None = None) -> Cluster:
+    """The pool as the planner sees it: its workers at the smallest device count and memory
+    among them (a plan that fits those fits every worker). A `cuda` worker is costed as an
+    H200 when its devices hold more than 100 GB, else as an H100: admission judges memory, and
+    those profiles differ from the A100's only in speed."""
+    devices = min(w.devices for w in pool)
+    memory = min(w.memory_bytes for w in pool)
+    kinds = {w.device_kind for w in pool}
+    name = "cpu" if kinds == {"cpu"} else "h200-141gb" if memory > 100e9 else "h100-80gb"
+    workers = len(pool)
+    if max_ranks is not None:
+        workers = max(1, min(workers, max_ranks // devices))
+    return planner.cluster(name, workers, devices, memory)
+
+
+def _plan(spec: JobSpec, pool: list[PoolWorker]) -> planner.Plan:
+    """The spec's own layout, costed on the pool (every worker taken as one host)."""
+    return planner.evaluate(spec, Layout.of(spec.parallel), pool_cluster(pool))
+
+
+def nearest(spec: JobSpec, plans: list[planner.Plan]) -> planner.Plan | None:
+    """The feasible plan that changes the fewest of the spec's parallel fields (then the
+    fastest): what the user most likely meant."""
+    given = asdict(Layout.of(spec.parallel))
+
+    def changed(plan: planner.Plan) -> int:
+        return sum(given[k] != v for k, v in asdict(plan.layout).items())
+
+    return min(plans, key=lambda p: (changed(p), p.cost.step_time_s), default=None)
+
+
+def _suggest(spec: JobSpec, pool: list[PoolWorker]) -> str:
+    spares = spec.fault_tolerance.spares
+    usable = pool[: max(1, len(pool) - spares)]
+    best = nearest(spec, planner.search(spec, pool_cluster(usable)))
+    if best is None:
+        return "no layout of this model fits the pool"
+    return f"the nearest layout that fits: parallel: {_parallel_yaml(best.layout)}"
+
+
+def _parallel_yaml(layout: Layout) -> str:
+    fields = ", ".join(f"{k}: {str(v).lower()}" for k, v in asdict(layout).items())
+    return "{" + fields + "}"
+
+
 def capacity_problems(spec: JobSpec, pool: list[PoolWorker]) -> list[Problem]:
-    """Memory and size against the pool; nothing when the pool is empty (nothing to judge)."""
+    """Memory (the planner's model, docs/planner.md) and size against the pool; nothing when
+    the pool is empty (nothing to judge)."""
     if not pool:
         return []
     m, p = spec.model, spec.parallel
-    need = rank_memory(spec)
-    model_field = "model.preset" if m.preset else "model"
     biggest = max(pool, key=lambda w: w.memory_bytes)
-    if need.total > biggest.memory_bytes:
+    plan = _plan(spec, [biggest])
+    need, have = plan.memory, plan.capacity_bytes
+    model_field = "model.preset" if m.preset else "model"
+    if need.total > have:
+        state = need.params + need.grads + need.optimizer + need.gathered
         hint = ["raise parallel.tp or parallel.pp"]
         if p.zero != 3:
             hint.append("use parallel.zero: 3")
         hint.append("raise parallel.dp (ZeRO shards the optimizer over it)")
-        if not p.activation_checkpointing and need.activations > need.state:
+        if not p.activation_checkpointing and need.activations > state:
             hint.append("set parallel.activation_checkpointing: true")
         return [
             Problem(
                 model_field,
-                f"one rank needs about {_gib(need.total)} ({_gib(need.state)} weights, grads "
-                f"and Adam moments + {_gib(need.activations)} activations) but the largest "
+                f"one rank needs about {_gib(need.total)} ({_gib(state)} weights, grads and "
+                f"Adam moments + {_gib(need.activations)} activations + "
+                f"{_gib(need.buffers + need.runtime)} buffers and runtime) but the largest "
                 f"device in the pool ({biggest.device_kind}, worker {biggest.wid}) has "
-                f"{_gib(biggest.memory_bytes)}; " + ", ".join(hint) + ", or choose a smaller model",
+                f"{_gib(have)}; "
+                + ", ".join(hint)
+                + ", or choose a smaller model; "
+                + _suggest(spec, pool),
             )
         ]
-    fit = sorted((w for w in pool if w.memory_bytes >= need.total), key=lambda w: -w.devices)
+    fit = sorted(
+        (w for w in pool if w.memory_bytes >= need.total), key=lambda w: (-w.devices, w.wid)
+    )
     ranks, spares = p.world_size, spec.fault_tolerance.spares
     used = slots = 0
     for w in fit:
@@ -165,6 +172,49 @@ def capacity_problems(spec: JobSpec, pool: list[PoolWorker]) -> list[Problem]:
             )
         ]
     return []
+
+
+def auto_layout(spec: JobSpec, pool: list[PoolWorker], max_ranks: int | None) -> JobSpec:
+    """`parallel.auto`: the spec with the planner's best layout for the live pool, keeping
+    the workers its spares need free (docs/planner.md, "Admission")."""
+    spares = spec.fault_tolerance.spares
+    if len(pool) <= spares:
+        raise SpecError(
+            [
+                Problem(
+                    "parallel.auto",
+                    f"the planner needs live workers to plan against: {len(pool)} live, "
+                    f"{spares} kept as spares; add workers or lower fault_tolerance.spares",
+                )
+            ]
+        )
+    usable = sorted(pool, key=lambda w: (-w.memory_bytes, w.wid))[: len(pool) - spares]
+    cluster = pool_cluster(usable, max_ranks)
+    plans = planner.search(spec, cluster)
+    if not plans:
+        smallest = min(
+            (planner.evaluate(spec, lay, cluster) for lay in candidates(spec, cluster)),
+            key=lambda p: p.memory.total,
+            default=None,
+        )
+        need = f"; the smallest layout needs {_gib(smallest.memory.total)}" if smallest else ""
+        raise SpecError(
+            [
+                Problem(
+                    "model.preset" if spec.model.preset else "model",
+                    f"no layout fits {len(usable)} workers of {_gib(cluster.memory_per_device)} "
+                    f"per device{need}; choose a smaller model or add workers",
+                )
+            ]
+        )
+    best = plans[0].layout
+    min_dp = min(spec.fault_tolerance.min_dp, best.dp)
+    return spec.model_copy(
+        update={
+            "parallel": best.parallel(spec.parallel),
+            "fault_tolerance": spec.fault_tolerance.model_copy(update={"min_dp": min_dp}),
+        }
+    )
 
 
 def quota_problems(spec: JobSpec, owner: str | None, quotas: Quotas) -> list[Problem]:
@@ -189,8 +239,9 @@ def admit(
     cfg: AdmissionConfig,
     quotas: Quotas,
     alive_s: float,
-) -> None:
-    """Raise SpecError listing every reason `spec` can never run here."""
+) -> JobSpec:
+    """The spec to store (with `parallel.auto`, the planned one); SpecError listing every
+    reason it can never run here."""
     problems: list[Problem] = []
     try:
         confine_spec(
@@ -198,7 +249,11 @@ def admit(
         )
     except SpecError as e:
         problems += e.problems
+    pool = live_pool(store, alive_s)
+    if spec.parallel.auto and not problems:
+        spec = auto_layout(spec, pool, quotas.limit(owner))
     problems += quota_problems(spec, owner, quotas)
-    problems += capacity_problems(spec, live_pool(store, alive_s))
+    problems += capacity_problems(spec, pool)
     if problems:
         raise SpecError(problems)
+    return spec

@@ -28,7 +28,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
-from controller import agents_api, history, jobs, web
+from controller import agents_api, history, jobs, plan_api, web
 from controller.admission import admit
 from controller.auth import ADMIN, METRICS, READ, SUBMIT, Auth, Denied, Principal, may_cancel
 from controller.conditions import PHASES, TERMINAL
@@ -162,8 +162,9 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
         data = await _read_json(request)
         try:
             spec = parse_spec(data)
-            # what can never run here: paths outside the roots, over quota, beyond the pool
-            await run_in_threadpool(
+            # what can never run here: paths outside the roots, over quota, beyond the pool;
+            # a `parallel.auto` spec comes back with the planner's layout
+            spec = await run_in_threadpool(
                 admit,
                 spec,
                 who.name,
@@ -340,6 +341,7 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
         return worker_targets(ctl.store, alive_s)
 
     app.include_router(agents_api.router(ctl))  # POST /v1/agents/join
+    app.include_router(plan_api.router(ctl, reader))  # POST /v1/plan
     web.mount(app)  # the mesh page at /ui/
     return app
 

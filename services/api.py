@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from services.records import HistoryPoint, RankReport, RecoveryRecord, StragglerFlag
 
@@ -159,3 +159,54 @@ class Worker(Doc):
 
 class WorkerList(Doc):
     workers: list[Worker]
+
+
+class PlanRequest(BaseModel):
+    """`POST /v1/plan`: a job spec and the cluster to plan it for; without `workers`, the live
+    pool (docs/planner.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: dict[str, Any] = Field(description="a job spec, as POST /v1/jobs takes it")
+    workers: int | None = Field(
+        default=None, ge=1, le=65536, description="hosts; omit to plan for the live pool"
+    )
+    devices_per_worker: int | None = Field(default=None, ge=1, le=1024)
+    device: str | None = Field(
+        default=None,
+        max_length=32,
+        description="hardware profile: cpu, a100-80gb, h100-80gb, h200-141gb",
+    )
+    memory_per_device_bytes: int | None = Field(
+        default=None, ge=1, description="overrides the profile's (needed for cpu)"
+    )
+
+
+class PlanDoc(Doc):
+    """One layout, costed: per-rank memory, step time and its parts, and why."""
+
+    dp: int
+    pp: int
+    tp: int
+    zero: int
+    microbatches: int
+    virtual_stages: int
+    pp_schedule: str
+    activation_checkpointing: bool
+    memory_per_rank_bytes: int
+    step_time_s: float
+    bubble: float
+    feasible: bool
+    explanation: str
+    problems: list[str] = []
+    memory: dict[str, int] = {}
+    time: dict[str, float] = {}
+    comm_bytes: dict[str, int] = {}
+
+
+class PlanResult(Doc):
+    """`given`: the spec's own layout (null under parallel.auto); `plans`: every feasible
+    layout, best first."""
+
+    given: PlanDoc | None
+    plans: list[PlanDoc]

@@ -9,6 +9,7 @@ per device and per direction: what one rank can push through its link tier at on
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 GB = 10**9
 GiB = 2**30
@@ -111,3 +112,14 @@ def profile(name: str) -> DeviceProfile:
         return PROFILES[name]
     except KeyError:
         raise ValueError(f"unknown device {name!r}; choose one of {', '.join(PROFILES)}") from None
+
+
+def host_memory_per_device(devices: int) -> int:
+    """Host RAM (MemTotal) shared by `devices`: what a CPU device holds; 0 when unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024 // max(1, devices)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0

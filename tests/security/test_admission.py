@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from controller.admission import RUNTIME_B, rank_memory
+from services.planner import Layout, cluster
+from services.planner.memory import rank_memory
 from services.spec import parse_spec
 from tests.security.smallpool import SmallPool
 from tests.stack import tiny_spec
@@ -66,7 +67,7 @@ def test_a_job_that_fits_is_admitted(pool):
 
 
 def test_the_estimate_shrinks_with_sharding():
-    """The first-order estimate follows the spec's knobs the messages suggest turning."""
+    """The planner's estimate follows the spec's knobs the messages suggest turning."""
 
     def need(**parallel) -> int:
         spec = parse_spec(
@@ -77,7 +78,7 @@ def test_the_estimate_shrinks_with_sharding():
                 "train": {"steps": 1, "global_batch": 8},
             }
         )
-        return rank_memory(spec).total - RUNTIME_B
+        return rank_memory(spec, Layout.of(spec.parallel), cluster("h100-80gb", 1, 8)).total
 
     base = need(dp=1, zero=3)
     assert need(dp=2, zero=3) < base  # ZeRO-3 shards over dp
