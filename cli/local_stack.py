@@ -5,11 +5,20 @@ processes, one log file each under the run dir, stopped in order and completely
 Every child gets its own process group (Ctrl-C in the terminal reaches only `up`, which
 then stops agents first so they stop their trainers) and dies with `up` if `up` is killed.
 
-Redis keeps its data in an append-only file under `{run_dir}/redis` (fsync every second), and
-`up` restarts a redis-server that exits on the same port and directory: it reloads every job,
-and the controller and agents reconnect on their own. A SIGKILL of redis-server loses no
-acknowledged write (Redis write(2)s the AOF before it replies, and the page cache outlives the
-process); only a crash of the whole host can lose the last second.
+The stack behaves like a pool (docs/architecture.md, "Running it"): only Ctrl-C ends it.
+- An agent that dies (SIGKILL, crash, its host "lost") is replaced by a fresh agent with a new
+  worker id, as Kubernetes replaces a pod; the controller recovers the dead agent's ranks as it
+  would on any host, and the newcomer joins the free pool as a spare.
+- The controller is restarted in place: it keeps nothing but what is in Redis.
+- Redis keeps its data in an append-only file under `{run_dir}/redis` (fsync every second),
+  and `up` restarts a redis-server that exits on the same port and directory: it reloads every
+  job, and the controller and agents reconnect on their own.
+A part that keeps dying (RESTARTS exits within RESTART_WINDOW_S) ends the stack with its log's
+path: a crash loop is a bug or a broken host to look at, not something to hide.
+
+A SIGKILL of redis-server loses no acknowledged write (Redis write(2)s the AOF before it
+replies, and the page cache outlives the process); only a crash of the whole host can lose the
+last second.
 
 Auth is on (docs/security.md): `up` generates fresh secrets into `{run_dir}/secrets/`
 (cli/secrets.py), runs redis-server with `{run_dir}/redis/users.acl` (`default` off; users
@@ -28,7 +37,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tenacity import (
@@ -86,8 +95,26 @@ class StackConfig:
     warm: int = 1
 
 
-REDIS_RESTARTS = 5  # at most this many restarts of redis-server within REDIS_RESTART_WINDOW_S
-REDIS_RESTART_WINDOW_S = 60.0
+RESTARTS = 5  # at most this many restarts of one part (redis, controller, agents) ...
+RESTART_WINDOW_S = 60.0  # ... within this window
+
+
+@dataclass
+class RestartBudget:
+    """The recent restarts of one part of the stack (monotonic times)."""
+
+    times: list[float] = field(default_factory=list)
+
+    def spend(self, name: str, code: int | None, log: Path) -> None:
+        """Count one more restart of `name`, or raise when it keeps dying."""
+        now = time.monotonic()
+        self.times = [t for t in self.times if now - t < RESTART_WINDOW_S]
+        if len(self.times) >= RESTARTS:
+            raise StackError(
+                f"{name} exited {len(self.times) + 1} times within {RESTART_WINDOW_S:.0f}s "
+                f"(last code {code}); see {log}"
+            )
+        self.times.append(now)
 
 
 def redis_argv(exe: str, port: int, data_dir: Path) -> list[str]:
@@ -123,10 +150,23 @@ class LocalStack:
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs = cfg.run_dir / "logs"
         self.redis_argv: list[str] = []  # set when we run redis-server ourselves
-        self._redis_restarts: list[float] = []  # monotonic times
+        self.argv: dict[str, list[str]] = {}  # name -> command line, to restart it as it was
+        self._restarts: dict[str, RestartBudget] = {}  # "redis", "controller", "agents"
+        self._next_agent = cfg.workers  # the id number of the next replacement agent
         self.say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
 
+    @property
+    def data_dir(self) -> Path:
+        """Jobs may train on files under it (the controller's --data-root)."""
+        return self.cfg.run_dir / "data"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Jobs may checkpoint under it (the controller's --checkpoint-root-allow)."""
+        return self.cfg.run_dir / "checkpoints"
+
     def _spawn(self, name: str, argv: list[str]) -> None:
+        self.argv[name] = argv
         self.logs.mkdir(parents=True, exist_ok=True)
         with open(self.logs / f"{name}.log", "ab") as out:
             root = str(Path(__file__).resolve().parents[1])
@@ -154,8 +194,7 @@ class LocalStack:
         if not self.redis_url:
             self._start_redis(timeout_s)
         py = sys.executable
-        # jobs may train on files under {run_dir}/data and checkpoint under {run_dir}/checkpoints
-        data, ckpt = self.cfg.run_dir / "data", self.cfg.run_dir / "checkpoints"
+        data, ckpt = self.data_dir, self.checkpoint_dir
         data.mkdir(exist_ok=True)
         self._spawn(
             "controller",
@@ -178,31 +217,37 @@ class LocalStack:
             ],
         )
         for i in range(self.cfg.workers):
-            argv = [
-                py,
-                "-m",
-                "worker",
-                "--controller",
-                self.url,
-                "--join-token-file",
-                str(self.secrets.join_token_file),
-                "--id",
-                f"w{i}",
-                "--address",
-                "127.0.0.1",
-                "--run-dir",
-                str(self.cfg.run_dir / "workers" / f"w{i}"),
-                "--warm",
-                str(self.cfg.warm),
-                "--metrics-port",
-                "0",
-                "--checkpoint-root",
-                str(ckpt),
-                "--data-root",
-                str(data),
-            ]  # one for all ranks
-            self._spawn(f"worker-w{i}", argv)
+            self._spawn_agent(f"w{i}")
         self._wait_ready(timeout_s)
+
+    def _spawn_agent(self, wid: str) -> None:
+        """An agent with its own run dir and a metrics endpoint on a free port (registered
+        with the controller, so Prometheus finds it through /v1/sd/workers)."""
+        data, ckpt = self.data_dir, self.checkpoint_dir
+        argv = [
+            sys.executable,
+            "-m",
+            "worker",
+            "--controller",
+            self.url,
+            "--join-token-file",
+            str(self.secrets.join_token_file),
+            "--id",
+            wid,
+            "--address",
+            "127.0.0.1",
+            "--run-dir",
+            str(self.cfg.run_dir / "workers" / wid),
+            "--warm",
+            str(self.cfg.warm),
+            "--metrics-port",
+            str(free_port()),
+            "--checkpoint-root",
+            str(ckpt),
+            "--data-root",
+            str(data),
+        ]
+        self._spawn(f"worker-{wid}", argv)
 
     def _start_redis(self, timeout_s: float) -> None:
         exe = shutil.which("redis-server")
@@ -248,27 +293,48 @@ class LocalStack:
             )
 
     def check(self) -> None:
-        """Restart our redis-server if it exited; raise if any other process of the stack exited."""
-        redis_proc = self.procs.get("redis")
-        if redis_proc is not None and self.redis_argv and redis_proc.poll() is not None:
-            self._restart_redis(redis_proc.returncode)
-        for name, p in self.procs.items():
-            if p.poll() is not None:
-                raise StackError(
-                    f"{name} exited with code {p.returncode}; see {self.logs / name}.log"
-                )
+        """What `up` does every 0.5 s: put back every part of the stack that exited (see the
+        module docstring); raise StackError for one that keeps dying."""
+        for name, p in list(self.procs.items()):
+            if p.poll() is None:
+                continue
+            if name == "redis" and self.redis_argv:
+                self._restart_redis(p.returncode)
+            elif name == "controller":
+                self._restart_controller(p.returncode)
+            elif name.startswith("worker-"):
+                self._replace_agent(name, p.returncode)
+
+    def _budget(self, part: str, proc: str, shown: str, code: int | None) -> None:
+        """`part`: whose restarts count together; `proc`: the log's name; `shown`: in messages."""
+        self._restarts.setdefault(part, RestartBudget()).spend(
+            shown, code, self.logs / f"{proc}.log"
+        )
+
+    def _restart_controller(self, code: int | None) -> None:
+        """In place, same port: the controller keeps nothing outside Redis, and its leader
+        lease lets the new process take over once the old lease lapsed."""
+        self._budget("controller", "controller", "the controller", code)
+        self.say(f"meshkeeper up: the controller exited (code {code}); restarting it")
+        self._spawn("controller", self.argv["controller"])
+
+    def _replace_agent(self, name: str, code: int | None) -> None:
+        """A fresh agent under a new worker id, like a replaced pod. The dead one's trainers
+        died with it (PR_SET_PDEATHSIG); the controller blames and recovers its ranks."""
+        self._budget("agents", name, name, code)
+        del self.procs[name]
+        wid = f"w{self._next_agent}"
+        self._next_agent += 1
+        self.say(
+            f"meshkeeper up: {name} exited (code {code}); the controller recovers its ranks; "
+            f"starting worker {wid} in its place (it joins as a spare)"
+        )
+        self._spawn_agent(wid)
 
     def _restart_redis(self, code: int | None) -> None:
         """Same port, same AOF directory: jobs, workers and the checkpoint pointers come back
         from the AOF; the controller and the agents reconnect by themselves."""
-        now = time.monotonic()
-        self._redis_restarts = [t for t in self._redis_restarts if now - t < REDIS_RESTART_WINDOW_S]
-        if len(self._redis_restarts) >= REDIS_RESTARTS:
-            raise StackError(
-                f"redis-server exited {len(self._redis_restarts) + 1} times within "
-                f"{REDIS_RESTART_WINDOW_S:.0f}s (last code {code}); see {self.logs / 'redis.log'}"
-            )
-        self._redis_restarts.append(now)
+        self._budget("redis", "redis", "redis-server", code)
         self.say(
             f"meshkeeper up: redis-server exited (code {code}); restarting it on "
             f"port {self.redis_argv[2]} from its append-only file and users file in "

@@ -326,10 +326,9 @@ def test_prometheus_config_scrapes_the_controller_with_the_scrape_token(tmp_path
     cfg = yaml.safe_load((dt.REPO / "deploy" / "prometheus" / "prometheus.yml").read_text())
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
     token = "/run/secrets/meshkeeper/scrape-token"
-    assert jobs["meshkeeper-controller"]["authorization"] == {"credentials_file": token}
-    assert jobs["meshkeeper-worker"]["http_sd_configs"][0]["authorization"] == {
-        "credentials_file": token
-    }
+    bearer = {"type": "Bearer", "credentials_file": token}
+    assert jobs["meshkeeper-controller"]["authorization"] == bearer
+    assert jobs["meshkeeper-worker"]["http_sd_configs"][0]["authorization"] == bearer
     assert "authorization" not in jobs["meshkeeper-worker"], (
         "workers' endpoints must not receive the token"
     )

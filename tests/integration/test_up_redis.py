@@ -66,7 +66,7 @@ def test_up_redis_runs_with_aof_and_comes_back_with_every_key(local):
 
 
 def test_up_gives_up_on_a_redis_that_keeps_dying(local, monkeypatch):
-    monkeypatch.setattr("cli.local_stack.REDIS_RESTARTS", 1)
+    monkeypatch.setattr("cli.local_stack.RESTARTS", 1)
     local._start_redis(20)
     local.procs["redis"].kill()
     local.procs["redis"].wait()

@@ -1,0 +1,138 @@
+"""`meshkeeper up` behaves like a pool (cli/local_stack.py; docs/architecture.md, "Running
+it"; issue 15): a real Prometheus finds every agent through the controller's HTTP service
+discovery, and an agent SIGKILLed together with its trainers, as a lost host, never stops the
+stack: the controller recovers its rank onto the spare, the job finishes with the exact loss,
+and `up` starts a fresh agent under a new worker id, which joins the free pool.
+
+One `up --workers 3` serves the module (each start costs three agents' torch imports)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import httpx
+import pytest
+import yaml
+
+from services.procs import free_port
+from tests.chaos.chaos import (
+    assert_curve,
+    at_step,
+    mesh_spec,
+    metrics_path,
+    rank,
+    start,
+    succeeded,
+    wait_record,
+)
+from tests.chaos.upstack import UpStack
+from tests.stack import ROOT, wait_until
+
+pytestmark = pytest.mark.slow
+
+WORKERS = 3  # dp2 + 1 spare
+PROMETHEUS = ROOT / ".tools" / "bin" / "prometheus"  # scripts/install-promtool.sh
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory):
+    run = tmp_path_factory.mktemp("up") / "run"
+    s = UpStack(run, free_port(), WORKERS)
+    try:
+        s.wait_ready(WORKERS)
+        yield s
+    finally:
+        s.close()
+
+
+def prometheus_config(up: UpStack) -> dict:
+    """Workers only, found through the controller with the scrape token (as
+    deploy/prometheus/prometheus.yml), refreshed every second instead of every 15."""
+    return {
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [
+            {
+                "job_name": "meshkeeper-worker",
+                "http_sd_configs": [
+                    {
+                        "url": f"{up.url}/v1/sd/workers",
+                        "refresh_interval": "1s",
+                        "authorization": {
+                            "type": "Bearer",
+                            "credentials_file": str(up.scrape_token_file),
+                        },
+                    }
+                ],
+            }
+        ],
+    }
+
+
+def test_prometheus_finds_every_agent_of_up_through_http_sd(up, tmp_path):
+    assert PROMETHEUS.exists(), "run scripts/install-promtool.sh (make test does)"
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump(prometheus_config(up)))
+    port = free_port()
+    with open(tmp_path / "prometheus.log", "wb") as log:
+        prom = subprocess.Popen(
+            [
+                str(PROMETHEUS),
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        agents = {w.id for w in up.client.workers() if w.alive}
+        assert len(agents) == WORKERS
+
+        def healthy_targets() -> set[str] | None:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/api/v1/targets?state=active", timeout=2)
+            except httpx.TransportError:
+                return None  # not listening yet
+            targets = r.json()["data"]["activeTargets"]
+            up_ = {t["labels"]["worker"] for t in targets if t["health"] == "up"}
+            return up_ if up_ == agents else None
+
+        wait_until(
+            healthy_targets,
+            60,
+            f"Prometheus to scrape every agent {sorted(agents)} "
+            f"(log: {tmp_path / 'prometheus.log'})",
+        )
+    finally:
+        prom.terminate()
+        prom.wait(10)
+
+
+def test_agent_killed_with_its_trainers_is_replaced_by_a_fresh_spare(up, uninterrupted):
+    spec = mesh_spec("up-agent", parallel={"dp": 2})  # one spare: the third worker
+    want = uninterrupted(spec)
+    before = {w.id for w in up.client.workers()}
+    w, j1 = start(up, spec)
+    victim, spare = rank(j1, 1), j1.mesh.spares[0]
+    wait_record(metrics_path(up, j1, 1), at_step(8), 120, "rank 1 at step 8")
+    agent = up.agent_pid(victim.worker)
+    assert agent, f"no agent {victim.worker} under meshkeeper up:\n{up.logs()}"
+    for pgid in (agent, victim.pid):  # the host is lost: its agent and trainers at once
+        os.killpg(pgid, signal.SIGKILL)
+
+    j = w.finish()
+    succeeded(up, j)
+    assert [(r.cause, r.action) for r in j.recoveries] == [("WorkerDead", "replace")], j.recoveries
+    assert j.recoveries[0].replaced == [{"old": victim.worker, "new": spare}]
+    assert_curve(up, j, want, exact=True)
+
+    fresh = wait_until(
+        lambda: [x for x in up.client.workers() if x.alive and x.id not in before] or None,
+        60,
+        "a fresh agent to join",
+    )
+    assert [(x.id, x.state, x.job) for x in fresh] == [(f"w{WORKERS}", "idle", None)], fresh
+    assert f"{victim.worker} exited (code -9)" in up.log.read_text(), up.logs()
+    assert up.proc.poll() is None, up.logs()  # the stack lives on
