@@ -174,9 +174,12 @@ def candidates(spec: JobSpec, cluster: Cluster) -> Iterator[Layout]:
 
 
 def search(spec: JobSpec, cluster: Cluster) -> list[Plan]:
-    """Every feasible plan, best (fastest, then smallest) first."""
-    plans = (evaluate(spec, lay, cluster) for lay in candidates(spec, cluster))
-    return sorted(
-        (p for p in plans if p.feasible),
-        key=lambda p: (p.cost.step_time_s, p.memory.total),
-    )
+    """Every feasible plan, best (fastest, then smallest) first. Memory is checked before the
+    step is costed: most candidates of a large model do not fit, and costing is the dearer half."""
+    capacity = int(cluster.memory_per_device * cluster.device.usable_fraction)
+    plans = []
+    for lay in candidates(spec, cluster):
+        memory = rank_memory(spec, lay, cluster)
+        if memory.total <= capacity:
+            plans.append(Plan(lay, memory, step_cost(spec, lay, cluster), capacity, ()))
+    return sorted(plans, key=lambda p: (p.cost.step_time_s, p.memory.total))
