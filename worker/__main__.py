@@ -126,7 +126,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="a directory jobs may read text:/tokens: data from; repeatable (env "
         "MESHKEEPER_DATA_ROOTS, ':'-separated). None: synthetic data only",
     )
-    ap.add_argument("--heartbeat", type=float, default=0.5, help="seconds between heartbeats")
+    ap.add_argument(
+        "--heartbeat",
+        type=float,
+        default=0.5,
+        help="seconds between heartbeats while idle; serving a job, its fault_tolerance."
+        "heartbeat_s applies",
+    )
     ap.add_argument("--stop-grace", type=float, default=3.0, help="SIGTERM -> SIGKILL, seconds")
     ap.add_argument(
         "--metrics-port",

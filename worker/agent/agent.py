@@ -72,6 +72,7 @@ class Run:
     role: str  # rank | spare
     ranks: dict[int, RankProcess] = field(default_factory=dict)
     lease_s: float = 1.0  # commit only within this long of a beat that confirmed the generation
+    heartbeat_s: float | None = None  # the job's fault_tolerance.heartbeat_s (None: unknown)
     checkpoints: Path | None = (
         None  # the job's checkpoint directory (only what CAS drops is deleted)
     )
@@ -98,7 +99,7 @@ class Agent:
         self.run: Run | None = None
         self.state = "idle"
         self.launcher = Launcher(cfg.run_dir, cfg.warm, self._child_env())
-        self.heartbeat = Heartbeat(store, cfg.wid, cfg.heartbeat_s, self.serving)
+        self.heartbeat = Heartbeat(store, cfg.wid, self.heartbeat_interval, self.serving)
         self.prober = Prober(
             store, cfg.wid, self._child_env(), cfg.run_dir, self._now
         )  # quarantine exit
@@ -112,6 +113,12 @@ class Agent:
     def serving(self) -> tuple[str, int]:
         run = self.run
         return (run.job, run.generation) if run else ("", 0)
+
+    def heartbeat_interval(self) -> float:
+        """The heartbeat_s of the job this agent serves (rank or spare), else its own default:
+        a job's dead_after_s is judged against the interval it asked for."""
+        run = self.run
+        return run.heartbeat_s if run and run.heartbeat_s else self.cfg.heartbeat_s
 
     def stop(self) -> None:
         self._stop.set()
@@ -216,7 +223,9 @@ class Agent:
 
     def _begin_run(self, job: str, generation: int, role: str) -> None:
         if role == "spare":
-            self.run = Run(job, generation, role)
+            spare_spec = loads(self.store.job(job).get("spec")) or {}
+            beat = spare_spec.get("fault_tolerance", {}).get("heartbeat_s")
+            self.run = Run(job, generation, role, heartbeat_s=beat)
             log.info("spare for job %s generation %d", job, generation)
             return
         asg = Assignment.from_fields(self.store.job_assignment(job))
@@ -250,6 +259,7 @@ class Agent:
             generation,
             role,
             lease_s=spec["fault_tolerance"]["dead_after_s"] / 2,
+            heartbeat_s=spec["fault_tolerance"].get("heartbeat_s"),
             checkpoints=ckpt_root / spec["name"],
         )
         mine = asg.ranks_of(self.cfg.wid)

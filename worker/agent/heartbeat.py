@@ -25,14 +25,21 @@ BEAT_TIMEOUT_S = 0.5  # per connect and per reply; no retry inside the call (the
 
 class Heartbeat:
     def __init__(
-        self, store: Store, wid: str, interval_s: float, serving: Callable[[], tuple[str, int]]
+        self,
+        store: Store,
+        wid: str,
+        interval_s: Callable[[], float],
+        serving: Callable[[], tuple[str, int]],
     ):
+        """`interval_s`: read before every beat, so the agent beats at the interval of the job
+        it serves now (its `fault_tolerance.heartbeat_s`), and at its own default when idle."""
         self.store, self.wid, self.interval_s, self.serving = store, wid, interval_s, serving
         # Its own connection, with a tight bound: a beat stuck on a dead or frozen connection must
         # fail fast and retry on a fresh one, or a healthy worker goes silent for the main Store's
         # ~4 s. One attempt blocks at most connect 0.5 s + reply 0.5 s = 1 s, then the next one
-        # starts within interval_s (0.5 s): 1.5 s < dead_after_s (2 s by default, and at least
-        # 2 x heartbeat_s). A beat that timed out may still land: Redis stamps it when it runs it.
+        # starts within interval_s (0.5 s by default): 1.5 s < dead_after_s (2 s by default,
+        # and at least 2 x heartbeat_s). A beat that timed out may still land: Redis stamps it
+        # when it runs it.
         self.store = Store(
             store.url,
             store.keys.prefix,
@@ -56,7 +63,7 @@ class Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=self.interval_s + 6)
+        self._thread.join(timeout=self.interval_s() + 6)
         self.store.close()
 
     def confirmed(self, job: str, generation: int, within_s: float) -> bool:
@@ -70,7 +77,7 @@ class Heartbeat:
     def _run(self) -> None:
         outage = Outage(
             redis.RedisError,
-            self.interval_s,
+            self.interval_s(),
             self._stop,
             on_failure=self._failed,
             down="heartbeat failed (%s); retrying",
@@ -81,7 +88,7 @@ class Heartbeat:
             sent = outage.call(self._beat)
             if sent is None:  # stopped while Redis was away
                 return
-            wait = max(0.0, self.interval_s - (time.monotonic() - sent))
+            wait = max(0.0, self.interval_s() - (time.monotonic() - sent))
 
     def _beat(self) -> float:
         """One beat; the monotonic time it was sent."""
