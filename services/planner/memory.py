@@ -88,10 +88,12 @@ def in_flight(layout: Layout, position: str, layers: int) -> float:
 def rank_memory(spec: JobSpec, layout: Layout, cluster: Cluster) -> MemoryAnatomy:
     """The worst pipeline rank's anatomy (the largest total)."""
     positions = ["only"] if layout.pp == 1 else ["first", "last"]
-    return max((_at(spec, layout, cluster, pos) for pos in positions), key=lambda a: a.total)
+    return max((memory_at(spec, layout, cluster, pos) for pos in positions), key=lambda a: a.total)
 
 
-def _at(spec: JobSpec, layout: Layout, cluster: Cluster, position: str) -> MemoryAnatomy:
+def memory_at(spec: JobSpec, layout: Layout, cluster: Cluster, position: str) -> MemoryAnatomy:
+    """The anatomy of the pipeline rank at `position`: "first" (pp rank 0), "last" (pp - 1)
+    or "only" (pp 1)."""
     m, t = spec.model, spec.train
     tp, dp = layout.tp, layout.dp
     sharded, replicated = layer_params(spec)
