@@ -290,6 +290,18 @@ def consistency_problems(s: JobSpec) -> list[Problem]:
             f"MLP hidden size ({m.ffn}) must be divisible by tp ({p.tp}); "
             "set model.ffn_hidden to a multiple of tp",
         )
+    if p.tp > 1 and p.loss_parallel and m.vocab % p.tp:
+        bad(
+            "parallel.loss_parallel",
+            f"vocab-parallel embedding and loss need model.vocab ({m.vocab}) divisible by tp "
+            f"({p.tp}); pad model.vocab to a multiple of tp or set loss_parallel: false",
+        )
+    if p.tp > 1 and p.sequence_parallel and m.seq_len % p.tp:
+        bad(
+            "parallel.sequence_parallel",
+            f"sequence parallelism needs model.seq_len ({m.seq_len}) divisible by tp "
+            f"({p.tp}); choose seq_len a multiple of tp or set sequence_parallel: false",
+        )
     stages = p.pp * p.virtual_stages
     if m.layers % stages:
         bad(

@@ -53,6 +53,8 @@ BAD = [
         "'synthetic', 'text:PATH' or 'tokens:PATH'",
     ),
     (with_("model.heads", 3), "model.heads", "d_model (64) must be divisible by heads (3)"),
+    (with_("model.vocab", 255), "parallel.loss_parallel", "pad model.vocab to a multiple of tp"),
+    (with_("model.seq_len", 33), "parallel.sequence_parallel", "seq_len a multiple of tp"),
     (with_("fault_tolerance.min_dp", 4), "fault_tolerance.min_dp", "cannot exceed parallel.dp"),
     (with_("fault_tolerance.dead_after_s", 0.6), "fault_tolerance.dead_after_s", "2x heartbeat_s"),
     ({k: v for k, v in GOOD.items() if k != "train"}, "train", "required"),

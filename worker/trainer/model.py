@@ -6,15 +6,22 @@ pipeline splitting. A stage built for pipelining keeps only its own layers and s
 
 Attention and MLP read their head count / widths from the weights they hold, so the
 same module works before and after tensor-parallel sharding (which shrinks them).
+
+Weights are built on the meta device and written only after the layout is applied
+(docs/architecture.md, "Trainer"): `init_weights` gives each parameter values that are a
+function of (seed, parameter name) alone, so every layout starts from the same model.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
+from torch.distributed.tensor import DTensor, Replicate
 
 from services.spec import ModelSpec
 
@@ -29,7 +36,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     # x: (B, T, H, D); rotate interleaved pairs
     x1, x2 = x[..., 0::2], x[..., 1::2]
     c, s = cos[None, : x.shape[1], None, :], sin[None, : x.shape[1], None, :]
-    return torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
+    # the tables stay fp32 (rotation angles lose precision in bf16); the result takes x's dtype
+    return torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2).type_as(x)
 
 
 class Attention(nn.Module):
@@ -86,7 +94,8 @@ class Transformer(nn.Module):
         self.norm: nn.RMSNorm | None = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.head: nn.Linear | None = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
         cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
-        # non-persistent: derived from the spec, never checkpointed or sharded
+        # non-persistent: derived from the spec, never checkpointed or sharded; on the meta
+        # device until init_weights writes them
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
@@ -101,23 +110,52 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
-        """Deterministic full init from `seed`, independent of how the model is later split."""
-        g = torch.Generator().manual_seed(seed)
+        """Write every parameter this rank holds (a whole tensor or its DTensor shard) and the
+        RoPE tables. Each full parameter is generated on CPU, one at a time, from its own
+        generator (`param_seed`), and only this rank's shard of it is kept: no rank holds
+        more than its shards plus one parameter-sized buffer."""
         std = 0.02
         out_std = std / math.sqrt(2 * self.cfg.layers)  # GPT-2 style residual scaling
-        for name, p in sorted(self.named_parameters()):
+        for name, p in self.named_parameters():
+            name = name.replace(_CHECKPOINT_PREFIX, "")  # the unwrapped model's name
             if p.dim() == 1:
-                p.fill_(1.0)
+                full = torch.ones(p.shape)  # RMSNorm gains
             else:
                 resid_out = name.endswith(("attn.o.weight", "mlp.down.weight"))
-                p.copy_(torch.randn(p.shape, generator=g) * (out_std if resid_out else std))
+                g = torch.Generator().manual_seed(param_seed(seed, name))
+                full = torch.randn(p.shape, generator=g).mul_(out_std if resid_out else std)
+            local = p.to_local() if isinstance(p, DTensor) else p
+            local.copy_(local_shard(full.to(local.device), p))
+            del full
+        cos, sin = rope_tables(self.cfg.seq_len, self.cfg.head_dim, self.cfg.rope_theta)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
+
+
+def param_seed(seed: int, name: str) -> int:
+    """A generator seed from (train.seed, parameter name): stable across processes and runs
+    (Python's hash() is salted per process)."""
+    digest = hashlib.sha256(f"{seed}/{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1  # manual_seed takes < 2**63
+
+
+def local_shard(full: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """This rank's piece of `full` as laid out in `p`: redistributing a replicated DTensor to
+    p's placements (TP Shard, FSDP's Shard or _StridedShard over TP) only slices locally."""
+    if not isinstance(p, DTensor):
+        return full
+    mesh = p.device_mesh
+    whole = DTensor.from_local(full, mesh, [Replicate()] * mesh.ndim, run_check=False)
+    return whole.redistribute(mesh, p.placements).to_local()
 
 
 def build_model(cfg: ModelSpec, seed: int, device: str | torch.device = "cpu") -> Transformer:
-    """The full model with the seed's weights; `meta` builds it without memory (planning)."""
-    with torch.device(device):
+    """The whole model with the seed's weights; on `meta`, unwritten (to parallelize first,
+    then `to_empty` and `init_weights`: worker/trainer/step.py)."""
+    with torch.device("meta"):
         model = Transformer(cfg)
     if str(device) != "meta":
+        model.to_empty(device=device)
         model.init_weights(seed)
     return model
 

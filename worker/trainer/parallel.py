@@ -2,9 +2,13 @@
 
 Concessions, each on purpose:
 - TP splits attention by heads (q/k/v column-wise, o row-wise) and the MLP (gate/up
-  column-wise, down row-wise). Embedding, final norm and LM head stay replicated across
-  TP: at the sizes tests and the demo run, vocab-parallel loss would cost more in
-  collectives than it saves, and replicated norms need no sequence parallelism.
+  column-wise, down row-wise), as torchtitan does. `loss_parallel` (default) shards the
+  embedding (row-wise) and the LM head (column-wise) over the vocabulary and computes the
+  cross-entropy on the logits' vocab shards; `sequence_parallel` (default) runs the norms
+  on sequence shards. Turned off, those stay replicated across TP (every TP rank computes
+  them whole): the simpler layout, kept for comparison and debugging.
+- The model is laid out on the meta device and only then materialized (step.py), so TP
+  and FSDP here only place parameters, never move data.
 - `zero` levels map onto FSDP2 exactly:
     0  replicate: full parameters, gradients and optimizer state on every DP rank;
        gradients all-reduced (FSDP2-based `replicate`, i.e. DDP semantics).
@@ -21,7 +25,16 @@ import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from services.mesh import AXES, Coord, MeshShape
 from services.spec import ParallelSpec
@@ -61,18 +74,74 @@ class RankContext:
         return c.pp == self.dims.spec.pp - 1 and c.tp == 0
 
 
-def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+def _block_plan(sequence_parallel: bool) -> dict:
+    """Heads and MLP widths split over TP; with sequence parallelism the norms run on
+    sequence shards, so attention and MLP gather their input first and reduce-scatter out."""
     plan = {
         "attn.q": ColwiseParallel(),
         "attn.k": ColwiseParallel(),
         "attn.v": ColwiseParallel(),
-        "attn.o": RowwiseParallel(),
         "mlp.gate": ColwiseParallel(),
         "mlp.up": ColwiseParallel(),
-        "mlp.down": RowwiseParallel(),
     }
+    if not sequence_parallel:
+        return plan | {"attn.o": RowwiseParallel(), "mlp.down": RowwiseParallel()}
+    return plan | {
+        "attn_norm": SequenceParallel(),
+        "mlp_norm": SequenceParallel(),
+        # Attention(x, cos, sin): only x is an activation; the RoPE tables pass as they are
+        "attn": PrepareModuleInput(
+            input_layouts=(Shard(1), None, None),
+            desired_input_layouts=(Replicate(), None, None),
+            use_local_output=True,
+        ),
+        "mlp": PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+        ),
+        "attn.o": RowwiseParallel(output_layouts=Shard(1)),
+        "mlp.down": RowwiseParallel(output_layouts=Shard(1)),
+    }
+
+
+def _ends_plan(model: nn.Module, p: ParallelSpec) -> dict:
+    """Embedding, final norm and head, for the ones this pipeline stage holds. Between them
+    the residual stream is Shard(1) (sequence) with sequence parallelism, else replicated.
+    The head's logits stay local vocab shards under loss_parallel (see `vocab_sharded`)."""
+    stream = Shard(1) if p.sequence_parallel else Replicate()
+    plan: dict = {}
+    if model.embed is not None:
+        if p.loss_parallel:
+            plan["embed"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=stream)
+        elif p.sequence_parallel:
+            plan["embed"] = PrepareModuleOutput(
+                output_layouts=Replicate(), desired_output_layouts=stream
+            )
+    if model.head is not None:
+        if p.sequence_parallel:
+            plan["norm"] = SequenceParallel()
+        if p.loss_parallel:
+            plan["head"] = ColwiseParallel(input_layouts=stream, output_layouts=Shard(-1))
+        elif p.sequence_parallel:
+            plan["head"] = PrepareModuleInput(
+                input_layouts=(stream,), desired_input_layouts=(Replicate(),), use_local_output=True
+            )
+    return plan
+
+
+def vocab_sharded(p: ParallelSpec) -> bool:
+    """Whether the head's output is this rank's vocab shard of the logits (loss_parallel)."""
+    return p.tp > 1 and p.loss_parallel
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, p: ParallelSpec) -> None:
+    """torchtitan's plan (docs/architecture.md, "Trainer"): vocab-parallel embedding and head
+    with `loss_parallel`, sequence-parallel norms with `sequence_parallel`."""
+    block_plan = _block_plan(p.sequence_parallel)
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, plan)
+        parallelize_module(block, tp_mesh, block_plan)
+    ends = _ends_plan(model, p)
+    if ends:
+        parallelize_module(model, tp_mesh, ends)
 
 
 def apply_ac(model: nn.Module) -> None:
@@ -81,18 +150,23 @@ def apply_ac(model: nn.Module) -> None:
         model.layers[key] = checkpoint_wrapper(block, preserve_rng_state=False)
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, zero: int) -> None:
-    """Shard each block, then the remainder (embedding, norm, head) as the root group."""
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, zero: int, precision: str) -> None:
+    """Shard each block, then the remainder (embedding, norm, head) as the root group.
+
+    bf16: parameters are cast to bf16 for forward and backward while the sharded fp32
+    parameters stay the optimizer's master weights, and gradients are reduced in fp32."""
+    mp = MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16 if precision == "bf16" else None,
+        reduce_dtype=torch.float32 if precision == "bf16" else None,
+    )
     if zero == 0:
         from torch.distributed._composable.replicate_with_fsdp import replicate
 
         for block in model.layers.values():
-            replicate(block, mesh=dp_mesh)
-        replicate(model, mesh=dp_mesh)
+            replicate(block, mesh=dp_mesh, mp_policy=mp)
+        replicate(model, mesh=dp_mesh, mp_policy=mp)
         return
-    from torch.distributed.fsdp import fully_shard
-
     reshard = zero == 3
     for block in model.layers.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)

@@ -1,25 +1,35 @@
 """One rank's model, optimizer and train step for any (dp, pp, tp) layout.
 
-Every layout starts from the same full model (deterministic init from train.seed), then
-cuts its pipeline stage, applies TP, activation checkpointing and FSDP, in that order
-(the order torchtitan uses: FSDP must wrap the TP-sharded parameters).
+Every layout builds the full model on the meta device, cuts its pipeline stage, applies TP,
+activation checkpointing and FSDP, in that order (the order torchtitan uses: FSDP must wrap
+the TP-sharded parameters), and only then materializes its own shards, with values that
+depend on (train.seed, parameter name) alone (docs/architecture.md, "Trainer").
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.parallel import loss_parallel
 
 from services.spec import JobSpec
 from worker.progress import Collectives
 from worker.trainer.data import Batches
 from worker.trainer.model import build_model
 from worker.trainer.optim import build_optimizer, build_scheduler, clip_grad_norm
-from worker.trainer.parallel import RankContext, apply_ac, apply_fsdp, apply_tp
+from worker.trainer.parallel import (
+    RankContext,
+    apply_ac,
+    apply_fsdp,
+    apply_tp,
+    vocab_sharded,
+)
 from worker.trainer.pipeline import build_schedule, split_stages
 from worker.trainer.timing import CpuClock
 
@@ -46,19 +56,21 @@ class Trainer:
         None counts them in memory only."""
         self.spec, self.ctx = spec, ctx
         p, mesh = spec.parallel, ctx.mesh
-        full = build_model(spec.model, spec.train.seed)
+        full = build_model(spec.model, spec.train.seed, "meta")
         if p.pp > 1:
             parts = split_stages(full, ctx.coord.pp, p)
         else:
             parts = [(0, full)]
         for _, part in parts:
-            part.to(ctx.device)
             if p.tp > 1:
-                apply_tp(part, mesh["tp"])
+                apply_tp(part, mesh["tp"], p)
             if p.activation_checkpointing:
                 apply_ac(part)
-            if p.dp > 1:
-                apply_fsdp(part, mesh["dp"], p.zero)
+            # bf16 goes through FSDP2's mixed precision, so FSDP wraps at dp 1 too
+            if p.dp > 1 or p.precision == "bf16":
+                apply_fsdp(part, mesh["dp"], p.zero, p.precision)
+            part.to_empty(device=ctx.device)
+            part.init_weights(spec.train.seed)
         self.parts = [m for _, m in parts]
         self.params = [q for m in self.parts for q in m.parameters()]
         # One optimizer per pipeline part: checkpoints key optimizer state by each part's
@@ -71,16 +83,26 @@ class Trainer:
         self.batches = Batches(spec.data, spec.model, spec.train.global_batch, p.dp)
         self.clock = CpuClock()
         self.collectives = collectives or Collectives(None)
+        self.vocab_sharded = vocab_sharded(p)
 
     def _loss_fn(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         # Mean over the microbatch, pre-divided by the microbatch count: summing the
         # microbatches' gradients then gives the gradient of the local mean loss.
+        if self.vocab_sharded:
+            # the head's output is this rank's vocab shard (parallel.py); loss_parallel()
+            # (entered around forward and backward) computes the cross-entropy on the shards
+            logits = DTensor.from_local(logits, self.ctx.mesh["tp"], [Shard(-1)], run_check=False)
         ce = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
+        if isinstance(ce, DTensor):
+            ce = ce.to_local()  # replicated: every TP rank holds the whole value
         return ce / self.spec.parallel.microbatches
 
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Local mean loss (meaningful on last-stage ranks only under PP)."""
-        x, y = x.to(self.ctx.device), y.to(self.ctx.device)
+        with loss_parallel() if self.vocab_sharded else contextlib.nullcontext():
+            return self._forward_backward_on(x.to(self.ctx.device), y.to(self.ctx.device))
+
+    def _forward_backward_on(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.schedule is not None:
             losses: list[torch.Tensor] = []
             stage0 = self.ctx.coord.pp == 0
