@@ -29,6 +29,7 @@ from worker.ckpt_store import (
     DamagedCheckpoint,
     Pointer,
     remove_checkpoints,
+    write_digests,
 )
 from worker.trainer.train_state import DataStream, ResumeRefused
 
@@ -293,7 +294,8 @@ def fake_checkpoint(store: CheckpointStore, step: int) -> Pointer:
     d = store.step_dir(step)
     d.mkdir(parents=True)
     (d / ".metadata").write_bytes(b"m")
-    store.commit(step, {})
+    write_digests(d, 0, [])  # rank 0 wrote only .metadata, which the commit hashes itself
+    store.commit(step, {}, ranks=1)
     return store.pointer(step)
 
 

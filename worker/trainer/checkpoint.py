@@ -11,9 +11,16 @@ stream) and knows nothing of the trainer that owns them.
 
 Async saves use a dedicated gloo group and DCP's stager: `save()` returns once the copy
 is scheduled, `wait_staged()` is called just before the next optimizer step (the step
-must not change tensors that are still being copied), and at most one save is in flight.
-Rank 0 writes the commit marker once DCP's upload finished, which DCP only reports after
-every rank wrote its shards and the coordinator wrote `.metadata`.
+must not change tensors that are still being copied), and at most one upload is in flight.
+
+Integrity off the training thread (docs/architecture.md, "Generation and fencing"): as soon as
+DCP wrote a rank's files, that rank hashes them on its own `hashing` thread and leaves the
+digests beside them (worker/ckpt_store.py, `write_digests`). Once the upload finished
+(DCP reports it after every rank wrote its shards and the coordinator wrote `.metadata`),
+rank 0's hashing thread gathers every rank's digests from the filesystem and writes the commit
+marker; the training thread reports the commit at its next `poll()`. Restore splits the
+files over the ranks, each hashes its share, and the verdicts meet in the rendezvous store
+with a wait sized for hashing: no collective ever waits on a hash.
 
 Where a checkpoint lives and which one is restored is fenced (worker/ckpt_store.py): saves go
 to this generation's own directory, restore follows the pointer history it is handed (from
@@ -24,17 +31,21 @@ pointer in `committed.json` and prunes what falls out of it.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -46,7 +57,16 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from worker.ckpt_store import CheckpointStore, Committed, Pointer, remove_checkpoints
+from worker.ckpt_store import (
+    CheckpointStore,
+    Committed,
+    DamagedCheckpoint,
+    Pointer,
+    hash_timeout_s,
+    remove_checkpoints,
+    share,
+    write_digests,
+)
 from worker.trainer.train_state import DataStream
 
 # DCP gathers every rank's failure into one CheckpointException, a BaseException.
@@ -62,6 +82,35 @@ class Pending:
     blocking_s: float
     upload: Future
     staging: Future | None
+
+
+@dataclass
+class Settling:
+    """A save whose upload finished, while the hashing thread hashes and (rank 0) commits."""
+
+    save: Pending
+    done: Future  # the commit error, or None
+
+
+class DigestingWriter(dcp.FileSystemWriter):
+    """DCP's file writer that passes the names of the files this rank wrote to `on_written`
+    as soon as they are on disk, before the ranks gather their write results."""
+
+    def __init__(self, path: Path, on_written: Callable[[list[str]], None]):
+        super().__init__(path)
+        self.on_written = on_written
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> torch.futures.Future:
+        written = super().write_data(plan, planner)
+        written.add_done_callback(self._written)
+        return written
+
+    def _written(self, written: torch.futures.Future) -> None:
+        try:
+            results = written.value()
+        except Exception:  # noqa: BLE001 - DCP reports the failed write itself
+            return
+        self.on_written(sorted({r.storage_data.relative_path for r in results}))
 
 
 class Checkpointer:
@@ -88,9 +137,12 @@ class Checkpointer:
         self.optimizers = optimizers
         self.lr_schedulers = lr_schedulers
         self.data, self.report, self.history = data, report, history
-        self.rank = dist.get_rank()
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.group = dist.new_group(backend="gloo")  # saves never queue behind training collectives
         self.pending: Pending | None = None
+        # One thread, first in first out: a rank's digests are written before its commit runs.
+        self.hashing = ThreadPoolExecutor(1, thread_name_prefix="ckpt-hash")
+        self.settling: list[Settling] = []
         self.last_committed: int | None = None
         if mode == "async":
             on_gpu = device.type == "cuda"
@@ -124,9 +176,14 @@ class Checkpointer:
             self.store.discard(step)  # leftovers of an interrupted save of the same step
         dist.barrier(group=self.group)
         state = self.state_dict(step)
+        writer = DigestingWriter(
+            path, lambda names: self.hashing.submit(write_digests, path, self.rank, names)
+        )
         try:
             if self.mode == "sync":
-                dcp.save(state, checkpoint_id=str(path), process_group=self.group)
+                dcp.save(
+                    state, checkpoint_id=str(path), storage_writer=writer, process_group=self.group
+                )
                 done: Future = Future()
                 done.set_result(None)
                 self.pending = Pending(step, t0, time.perf_counter() - t0, done, None)
@@ -134,6 +191,7 @@ class Checkpointer:
                 resp = dcp.async_save(
                     state,
                     checkpoint_id=str(path),
+                    storage_writer=writer,
                     process_group=self.group,
                     async_stager=self.stager,
                 )
@@ -159,11 +217,14 @@ class Checkpointer:
             p.blocking_s += time.perf_counter() - t0
 
     def poll(self) -> None:
+        """Hand a finished upload to the hashing thread; report the commits it finished."""
         if self.pending is not None and self.pending.upload.done():
             self.finish()
+        while self.settling and self.settling[0].done.done():
+            self._settled(self.settling.pop(0))
 
     def finish(self) -> None:
-        """Wait for the in-flight save, then commit it (rank 0) or report its failure."""
+        """Wait for the in-flight upload (not for its hashing), then queue its commit."""
         p, self.pending = self.pending, None
         if p is None:
             return
@@ -174,14 +235,26 @@ class Checkpointer:
             return
         # Every rank reached here: DCP's upload future completes only after the
         # coordinator gathered all ranks' write results.
-        if self.rank == 0:
-            try:
-                self.store.commit(p.step, self.meta)
-                if self.history is None:  # standalone: this process is the pointer's only writer
-                    remove_checkpoints(self.store.dir, self.store.record(p.step, self.keep))
-            except OSError as e:
-                self._failed(p.step, e)
-                return
+        self.settling.append(Settling(p, self.hashing.submit(self._commit, p.step)))
+
+    def _commit(self, step: int) -> BaseException | None:
+        """On the hashing thread: rank 0 gathers every rank's digests into the manifest."""
+        if self.rank != 0:
+            return None
+        try:
+            self.store.commit(step, self.meta, ranks=self.world)
+            if self.history is None:  # standalone: this process is the pointer's only writer
+                remove_checkpoints(self.store.dir, self.store.record(step, self.keep))
+        except (OSError, DamagedCheckpoint) as e:
+            return e
+        return None
+
+    def _settled(self, s: Settling) -> None:
+        p = s.save
+        err = s.done.result()
+        if err is not None:
+            self._failed(p.step, err)
+            return
         self.last_committed = p.step
         self.report(
             {
@@ -214,6 +287,10 @@ class Checkpointer:
 
     def close(self) -> None:
         self.finish()
+        self.hashing.shutdown(wait=True)
+        for s in self.settling:
+            self._settled(s)
+        self.settling = []
         if self.mode == "async":
             self.stager.close()
 
@@ -221,21 +298,20 @@ class Checkpointer:
     def restore(self) -> Committed | None:
         """Load the newest committed checkpoint that verifies; None when there is none.
         Raises ResumeRefused when it was trained on other data than this job's stream."""
-        chosen: list[Committed | None] = [None]
-        if self.rank == 0:
-
-            def warn(msg: str) -> None:
+        history = self.store.history() if self.history is None else self.history
+        verdicts = _VerdictBoard(self.rank, self.world)
+        ckpt = None
+        for ptr in history:
+            ckpt, problem = self._verify_shared(ptr, verdicts)
+            if ckpt is not None:
+                break
+            if self.rank == 0:
                 print(
-                    f"[meshkeeper] WARNING: skipping checkpoint {msg}; trying the previous one",
+                    f"[meshkeeper] WARNING: skipping checkpoint {problem}; trying the previous one",
                     file=sys.stderr,
                     flush=True,
                 )
-                self.report({"event": "checkpoint_skipped", "reason": msg})
-
-            history = self.store.history() if self.history is None else self.history
-            chosen[0] = self.store.first_valid(history, warn)
-        dist.broadcast_object_list(chosen, src=0, group=self.group)
-        ckpt = chosen[0]
+                self.report({"event": "checkpoint_skipped", "reason": problem})
         if ckpt is None:
             return None
         state = self.state_dict(0)
@@ -248,6 +324,42 @@ class Checkpointer:
             sched.load_state_dict(state["train_state"]["lr_scheduler"])
         self.last_committed = ckpt.step
         return ckpt
+
+    def _verify_shared(self, ptr: Pointer, verdicts: _VerdictBoard) -> tuple[Committed | None, str]:
+        """Every rank checks the manifest and hashes its share of the files; all ranks then
+        agree on the first problem any of them found ("" when none)."""
+        ckpt, problem = None, ""
+        try:
+            ckpt = self.store.read_manifest(ptr)
+            files = ckpt.manifest["files"]
+            self.store.check_files(ckpt, share(files, self.rank, self.world))
+        except DamagedCheckpoint as e:
+            problem = str(e)
+        problem = verdicts.agree(f"{ptr.generation}/{ptr.step}", problem, Path(ptr.path))
+        return (None if problem else ckpt), problem
+
+
+class _VerdictBoard:
+    """Restore verdicts exchanged through the world's rendezvous store (MASTER_ADDR and
+    MASTER_PORT, fresh every generation). A store wait has its own timeout, sized for
+    hashing the checkpoint; a collective would give up after max(60 s, hang_after_s)."""
+
+    def __init__(self, rank: int, world: int):
+        self.rank, self.world = rank, world
+        base = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=60),
+        )
+        self.kv = dist.PrefixStore("meshkeeper/restore-verdicts", base)
+
+    def agree(self, key: str, mine: str, directory: Path) -> str:
+        """The first non-empty verdict in rank order, once every rank posted its own."""
+        self.kv.set(f"{key}/{self.rank}", mine)
+        keys = [f"{key}/{r}" for r in range(self.world)]
+        self.kv.wait(keys, timedelta(seconds=hash_timeout_s(directory)))
+        return next((v for v in (self.kv.get(k).decode() for k in keys) if v), "")
 
 
 def restored_line(ckpt: Committed, now: dict) -> str:
