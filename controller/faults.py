@@ -18,7 +18,7 @@ has trained its first step (`complete`):
 
 from __future__ import annotations
 
-from controller import health, quarantine
+from controller import aborts, health, quarantine
 from controller.decisions import (
     Complete,
     Decision,
@@ -53,6 +53,7 @@ def decide(ctx: Pass, view: JobView, seen: dict[str, float] | None) -> Decision 
         return Finish("Failed", "TrainerFailed", why)
     faults = (
         health.dead_or_killed(ranks, seen, ft.dead_after_s, ctx.now)
+        or aborts.blame_after_aborts(ranks, ctx.now)
         or (health.hangs(ranks, ft.hang_after_s, ctx.now) if seen is not None else [])
         or health.collateral_only(ranks, ctx.now)
     )

@@ -3,8 +3,9 @@ handling").
 
 Pure functions of the rank view (controller/ranks.py, `RankStatus` per rank) and Redis
 server time `now`; each fault found is a `FaultRecord` (services/records.py):
-- a trainer killed by a signal, or a rank on a worker whose heartbeat is older than
-  `dead_after_s`, is a root cause;
+- a trainer killed by a signal (not SIGABRT: a process that aborted itself, as the NCCL
+  watchdog does, is collateral; controller/aborts.py), or a rank on a worker whose heartbeat
+  is older than `dead_after_s`, is a root cause;
 - a rank whose progress is frozen past `hang_after_s` while its worker heartbeats is hung
   (before its first report a longer start-up bound applies: import, rendezvous, restore);
 - a rank whose own compute time (collective waits excluded) is above `slowdown` x the
@@ -20,6 +21,7 @@ entered more than the rank they wait for.
 
 from __future__ import annotations
 
+import signal
 import statistics
 
 from services.api import RankStatus
@@ -54,6 +56,8 @@ def dead_or_killed(
     """`seen` None: heartbeats cannot be judged now (Redis itself just restarted)."""
     out = []
     for r in ranks:
+        # SIGABRT: the process ended itself (the NCCL watchdog's abort): controller/aborts.py
+        aborted = r.exit_code == -signal.SIGABRT
         last_beat = seen.get(r.worker, 0.0) if seen is not None else now
         if r.state != "succeeded" and now - last_beat > dead_after_s:
             out.append(
@@ -65,7 +69,7 @@ def dead_or_killed(
                     f"(dead_after_s {dead_after_s})",
                 )
             )
-        elif r.state == "failed" and r.exit_code is not None and r.exit_code < 0:
+        elif r.state == "failed" and r.exit_code is not None and r.exit_code < 0 and not aborted:
             out.append(
                 fault(
                     "TrainerKilled",

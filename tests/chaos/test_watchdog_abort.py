@@ -1,0 +1,109 @@
+"""The NCCL watchdog's abort, on the shared stack (issue 12).
+
+On NCCL, a rank that stops entering collectives leaves the others waiting in one until the
+process group's timeout; then each waiting rank's watchdog aborts its own process (SIGABRT).
+Here the fault is real and the abort is what the watchdog would do: one rank is SIGSTOPped
+between two collective phases (it stops entering collectives), the survivors block in their
+next collective, and the test SIGABRTs every survivor. The stopped rank must be blamed
+(`RankHung`, by its collective counters) and its worker replaced; the aborted survivors are
+collateral: their workers keep their ranks in the next generation.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from tests.chaos.chaos import (
+    assert_curve,
+    at_step,
+    completed,
+    gone,
+    mesh_spec,
+    metrics_path,
+    rank,
+    start,
+    succeeded,
+    wait_record,
+)
+from tests.stack import wait_until
+from worker.progress import counters_path, read_counters
+
+pytestmark = pytest.mark.slow
+
+STOP_AT = 8  # steps into generation 1 (of 15): past the first commit, before the second
+VICTIM = 3
+
+
+def stop_between_collectives(pid: int, counters) -> tuple[int, int]:
+    """SIGSTOP `pid` at a moment it is outside every collective phase (entered == left): from
+    then on it enters no collective. Stopped inside one, it is resumed and tried again."""
+    for _ in range(500):
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.01)  # the stop is delivered asynchronously
+        entered, left = counters()
+        if entered == left:
+            return entered, left
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.003)
+    raise AssertionError(f"rank never caught between two collective phases (pid {pid})")
+
+
+def test_watchdog_aborted_survivors_are_collateral_and_the_stopped_rank_is_blamed(
+    stack, uninterrupted
+):
+    spec = mesh_spec("watchdog-abort")  # dp2 x tp2, one spare
+    want = uninterrupted(spec)
+    w, j1 = start(stack, spec)
+    victim, spare = rank(j1, VICTIM), j1.mesh.spares[0]
+    survivors = [r for r in j1.mesh.ranks if r.rank != VICTIM]
+    files = {r.rank: counters_path(metrics_path(stack, j1, r.rank)) for r in j1.mesh.ranks}
+    wait_record(
+        metrics_path(stack, j1, VICTIM), at_step(STOP_AT), 120, f"rank {VICTIM} at {STOP_AT}"
+    )
+    try:
+        entered, _ = stop_between_collectives(victim.pid, lambda: read_counters(files[VICTIM]))
+
+        # every survivor blocked inside the next collective phase, and the controller has seen
+        # it all (counters and the stopped state), as it would have before any watchdog fired
+        def waiting() -> bool:
+            j = w.poll()
+            seen = {r.rank: r for r in j.mesh.ranks}
+            return seen[VICTIM].proc_state == "T" and all(
+                read_counters(files[r.rank]) == (entered + 1, entered)
+                and (seen[r.rank].coll_entered, seen[r.rank].coll_left) == (entered + 1, entered)
+                for r in survivors
+            )
+
+        wait_until(waiting, 30, "the survivors waiting in the phase after the stopped rank's")
+        for r in survivors:  # what each survivor's NCCL watchdog does at the timeout
+            os.kill(r.pid, signal.SIGABRT)
+
+        j = w.until(lambda j: j.generation >= 2, 60, "a recovery from the aborts")
+        rec = j.recoveries[0]
+        assert (rec.cause, rec.action) == ("RankHung", "replace"), rec
+        assert [(f.rank, f.worker) for f in rec.faults] == [(VICTIM, victim.worker)], rec.faults
+        detail = rec.faults[0].detail
+        assert f"entered {entered} collective phases and left {entered}" in detail, detail
+        assert f"aborted rank(s) {[r.rank for r in survivors]} (SIGABRT)" in detail, detail
+        assert rec.replaced == [{"old": victim.worker, "new": spare}], rec
+        # the survivors are collateral: each keeps its rank on its worker, nobody quarantined
+        assert {r.rank: r.worker for r in j.mesh.ranks} == {
+            **{r.rank: r.worker for r in survivors},
+            VICTIM: spare,
+        }
+        assert [q.worker for q in rec.quarantined] == [victim.worker], rec.quarantined
+        wait_until(lambda: gone(victim.pid), 30, f"the stopped trainer {victim.pid} to be killed")
+
+        j = w.finish()
+        succeeded(stack, j)
+        assert [(r.cause, r.action) for r in j.recoveries] == [("RankHung", "replace")]
+        assert (j.restarts, j.generation) == (1, 2)
+        completed(j.recoveries[0])
+        assert_curve(stack, j, want, exact=True)
+    finally:
+        if not gone(victim.pid):
+            os.kill(victim.pid, signal.SIGKILL)

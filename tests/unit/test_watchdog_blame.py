@@ -1,0 +1,96 @@
+"""Ranks aborted by the NCCL watchdog (SIGABRT) are collateral, and the rank they waited on is
+blamed by its collective progress or its process state (controller/aborts.py,
+controller/health.py), from rank views as controller/ranks.py builds them."""
+
+from __future__ import annotations
+
+import signal
+
+from controller import health
+from controller.aborts import blame_after_aborts
+from services.api import RankStatus
+
+NOW = 1000.0
+ABRT, KILL = -signal.SIGABRT, -signal.SIGKILL
+
+
+def rank(n: int, entered: int | None, left: int | None, **report) -> RankStatus:
+    return RankStatus.model_validate(
+        {
+            "rank": n,
+            "worker": f"w{n}",
+            "coord": {"dp": n, "pp": 0, "tp": 0},
+            "local_rank": 0,
+            "state": "running",
+            "first_step_at": NOW - 100,
+            "progress_at": NOW - 40,
+            "step": 8,
+            "coll_entered": entered,
+            "coll_left": left,
+            "proc_state": "S",
+            **report,
+        }
+    )
+
+
+def aborted(n: int, entered: int, left: int) -> RankStatus:
+    return rank(n, entered, left, state="failed", exit_code=ABRT, exited_at=NOW - 1)
+
+
+def blamed(ranks: list[RankStatus]) -> list[tuple[str, int]]:
+    return [(f.cause, f.rank) for f in blame_after_aborts(ranks, NOW)]
+
+
+def test_a_sigabrt_is_not_a_trainer_killed():
+    ranks = [aborted(0, 25, 24), rank(1, 24, 24)]
+    assert health.dead_or_killed(ranks, {"w0": NOW, "w1": NOW}, 2.0, NOW) == []
+
+
+def test_a_sigkill_is_still_a_trainer_killed():
+    ranks = [rank(0, 25, 24, state="failed", exit_code=KILL, exited_at=NOW - 1)]
+    got = health.dead_or_killed(ranks, {"w0": NOW}, 2.0, NOW)
+    assert [(f.cause, f.rank) for f in got] == [("TrainerKilled", 0)]
+
+
+def test_the_stopped_rank_behind_the_aborted_ones_is_blamed_and_they_are_not():
+    ranks = [aborted(0, 25, 24), aborted(1, 25, 24), rank(2, 24, 24, proc_state="T")]
+    faults = blame_after_aborts(ranks, NOW)
+    assert [(f.cause, f.rank, f.worker) for f in faults] == [("RankHung", 2, "w2")]
+    assert faults[0].detail == (
+        "it stopped entering collectives: entered 24 collective phases and left 24; its "
+        "process is stopped; the NCCL watchdog aborted rank(s) [0, 1] (SIGABRT) waiting in "
+        "collective phase 25"
+    )
+    assert faults[0].fault_at == NOW - 40  # its last progress
+
+
+def test_a_runnable_rank_behind_is_blamed_by_its_counts_alone():
+    # rank 3 spins outside any collective (state R); ranks 0-2 waited inside phase 25
+    spinning = rank(3, 24, 24, proc_state="R", cpu_busy=True)
+    ranks = [aborted(0, 25, 24), aborted(1, 25, 24), aborted(2, 25, 24), spinning]
+    assert blamed(ranks) == [("RankHung", 3)]
+
+
+def test_the_furthest_behind_is_blamed_not_a_rank_waiting_on_it_in_a_subgroup():
+    ranks = [aborted(0, 26, 25), rank(1, 25, 24), rank(2, 24, 24)]
+    assert blamed(ranks) == [("RankHung", 2)]
+
+
+def test_a_live_rank_waiting_at_the_same_count_is_not_blamed():
+    # its own watchdog has not fired yet: nothing says who stopped, so nobody is blamed
+    assert blamed([aborted(0, 25, 24), rank(1, 25, 24)]) == []
+
+
+def test_a_frozen_rank_at_the_same_count_is_blamed():
+    # stopped inside the phase (between two of its collectives): same count, state T
+    assert blamed([aborted(0, 25, 24), rank(1, 25, 24, proc_state="T")]) == [("RankHung", 1)]
+
+
+def test_every_rank_aborted_blames_nobody_and_restarts_in_place():
+    ranks = [aborted(0, 25, 24), aborted(1, 25, 24)]
+    assert blamed(ranks) == []
+    assert [f.cause for f in health.collateral_only(ranks, NOW)] == ["TrainerFailed"] * 2
+
+
+def test_nothing_aborted_blames_nobody():
+    assert blamed([rank(0, 25, 24), rank(1, 24, 24, proc_state="T")]) == []
