@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.scheduler import Scheduler, SchedulerConfig
 from services.api import JobStatus
 from tests.stack import ROOT, Stack, process_groups_alive, tiny_spec, wait_until
 
@@ -168,6 +169,12 @@ def completed(rec) -> None:
 
 def events(stack: Stack, jid: str) -> list:
     return stack.client.events(jid, limit=1000)
+
+
+def free_pool(stack: Stack) -> list[str]:
+    """The scheduler's own free-worker pool (quarantine filter included), read from Redis."""
+    s = Scheduler(stack.store, SchedulerConfig(), "test-chaos")
+    return [w.wid for w in s.free_workers(stack.store.now())]
 
 
 # -- metrics files ------------------------------------------------------------------------

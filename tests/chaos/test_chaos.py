@@ -24,6 +24,7 @@ from tests.chaos.chaos import (
     completed,
     deprioritize,
     events,
+    free_pool,
     gone,
     kill,
     mesh_spec,
@@ -35,7 +36,7 @@ from tests.chaos.chaos import (
     succeeded,
     wait_record,
 )
-from tests.stack import WORKERS, process_groups_alive, tiny_spec, wait_until
+from tests.stack import process_groups_alive, tiny_spec, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -355,28 +356,44 @@ def test_controller_killed_during_recovery(stack, uninterrupted):
 
 # -- 9 ------------------------------------------------------------------------------------
 def test_no_spare_dp_shrinks_then_grows_back(stack, uninterrupted):
+    """No spare and no idle worker: a dead worker's dp replica is dropped (its tp partner kept
+    as the job's spare), and when the worker returns the job grows back at the next checkpoint.
+    The pool is cut to the job's 4 workers by freezing the other agents (hosts gone silent):
+    4 ranks show the behaviour as well as a job filling all 8 workers, at half the CPU."""
     # 25 steps: checkpoints still to come after the worker returns (the grow resumes at one)
-    spec = mesh_spec(
-        "chaos-shrink", steps=25, parallel={"dp": 4, "tp": 2}, train={"global_batch": 24}, spares=0
-    )
+    spec = mesh_spec("chaos-shrink", steps=25, parallel={"dp": 2, "tp": 2}, spares=0)
     want = uninterrupted(spec)
-    w, j1 = start(stack, spec)
-    assert len({r.worker for r in j1.mesh.ranks}) == WORKERS and not j1.mesh.spares
-    victim = rank(j1, 5)  # dp=2, tp=1
-    # early, so that however fast the steps, the shrunk job still has checkpoints to come
-    # after the worker returns (it returns as soon as the shrink is decided)
-    wait_record(metrics_path(stack, j1, 5), at_step(EVERY + 1), 180, f"rank 5 at step {EVERY + 1}")
-    # committed, not only saved: an async save still in flight at the kill commits nothing
-    w.until(lambda j: j.last_checkpoint, 60, "a committed checkpoint")
-    stack.kill_worker(victim.worker, [victim.pid])
-    shrunk = w.until(lambda j: j.generation >= 2 and j.mesh.shape.dp == 3, 120, "dp to shrink to 3")
-    rec = shrunk.recoveries[0]
-    assert (rec.cause, rec.action, rec.to_shape) == ("WorkerDead", "shrink", [3, 1, 2]), rec
-    assert victim.worker not in {r.worker for r in shrunk.mesh.ranks}
-    assert shrunk.condition("Recovering").reason in ("ShrinkingDP", "Recovered")
-    returned_at = w.poll().last_checkpoint.step
-    stack.restart_agent(victim.worker)
-    j = w.finish(400)
+    frozen = [stack.agents[wid] for wid in stack.idle_workers()[4:]]
+    for agent in frozen:
+        agent.kill(signal.SIGSTOP)
+    try:
+        wait_until(
+            lambda: len(free_pool(stack)) == 4, 30, "the frozen workers to leave the free pool"
+        )
+        w, j1 = start(stack, spec)
+        assert len({r.worker for r in j1.mesh.ranks}) == 4 and not j1.mesh.spares
+        victim = rank(j1, 3)  # dp=1, tp=1
+        # early, so that however fast the steps, the shrunk job still has checkpoints to come
+        # after the worker returns (it returns as soon as the shrink is decided)
+        wait_record(
+            metrics_path(stack, j1, 3), at_step(EVERY + 1), 180, f"rank 3 at step {EVERY + 1}"
+        )
+        # committed, not only saved: an async save still in flight at the kill commits nothing
+        w.until(lambda j: j.last_checkpoint, 60, "a committed checkpoint")
+        stack.kill_worker(victim.worker, [victim.pid])
+        shrunk = w.until(
+            lambda j: j.generation >= 2 and j.mesh.shape.dp == 1, 120, "dp to shrink to 1"
+        )
+        rec = shrunk.recoveries[0]
+        assert (rec.cause, rec.action, rec.to_shape) == ("WorkerDead", "shrink", [1, 1, 2]), rec
+        assert victim.worker not in {r.worker for r in shrunk.mesh.ranks}
+        assert shrunk.condition("Recovering").reason in ("ShrinkingDP", "Recovered")
+        returned_at = w.poll().last_checkpoint.step
+        stack.restart_agent(victim.worker)
+        j = w.finish(400)
+    finally:
+        for agent in frozen:
+            agent.kill(signal.SIGCONT)
     succeeded(stack, j)
     assert [(r.cause, r.action) for r in j.recoveries] == [
         ("WorkerDead", "shrink"),
@@ -384,14 +401,14 @@ def test_no_spare_dp_shrinks_then_grows_back(stack, uninterrupted):
     ]
     assert j.restarts == 1 and j.generation == 3  # the grow is planned: not a restart
     grow = j.recoveries[1]
-    assert grow.to_shape == [4, 1, 2] and j.mesh.shape.dp == 4
+    assert grow.to_shape == [2, 1, 2] and j.mesh.shape.dp == 2
     for r in j.recoveries:
         completed(r)
     # at the first checkpoint committed after the worker came back (both of the dropped
     # replica's workers train again: the returned one and its partner, kept as a spare)
     assert grow.resumed_step > returned_at, (grow, returned_at)
     assert {r.worker for r in j.mesh.ranks} == {r.worker for r in j1.mesh.ranks}
-    assert len(j.mesh.ranks) == 8
+    assert len(j.mesh.ranks) == 4
     assert_curve(stack, j, want, exact=False)
 
 
