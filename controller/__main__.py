@@ -10,6 +10,7 @@ from pathlib import Path
 
 from controller.admission import AdmissionConfig, Quotas
 from controller.auth import Auth, refuse_without_admin
+from controller.retention import RetentionConfig
 from controller.scheduler import SchedulerConfig
 from controller.service import Controller, ControllerConfig
 from services.tokens import TokenError
@@ -23,6 +24,16 @@ def _port_range(text: str) -> tuple[int, int]:
     if not 1024 <= lo < hi <= 65536:
         raise argparse.ArgumentTypeError(f"{text!r}: need 1024 <= LOW < HIGH <= 65536")
     return lo, hi
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of seconds above 0, like 86400")
+    return value
 
 
 def _ranks(text: str) -> int:
@@ -126,6 +137,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="seconds a waiting job that fits the pool lets later jobs start before it "
         "(backfill); after that it has first claim on freed workers",
     )
+    ap.add_argument(
+        "--job-retention",
+        type=_seconds,
+        default=env("MESHKEEPER_JOB_RETENTION", str(7 * 86400)),
+        help="seconds a finished job stays queryable before it is archived and deleted "
+        "(env MESHKEEPER_JOB_RETENTION; default 7 days)",
+    )
+    ap.add_argument(
+        "--worker-retention",
+        type=_seconds,
+        default=env("MESHKEEPER_WORKER_RETENTION", "3600"),
+        help="seconds a silent or departed worker's records stay before they are forgotten "
+        "(env MESHKEEPER_WORKER_RETENTION)",
+    )
+    ap.add_argument(
+        "--archive-dir",
+        type=Path,
+        default=env("MESHKEEPER_ARCHIVE_DIR"),
+        help="directory where expired jobs are archived as JSON lines (jobs.jsonl); "
+        "without it they are only deleted (env MESHKEEPER_ARCHIVE_DIR)",
+    )
     ap.add_argument("--log-level", default=env("MESHKEEPER_LOG_LEVEL", "info"))
     args = ap.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -162,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         agent_redis_url=args.agent_redis_url,
         admission=AdmissionConfig(tuple(args.data_root), tuple(args.checkpoint_root_allow)),
+        retention=RetentionConfig(args.job_retention, args.worker_retention, args.archive_dir),
     )
     ctl = Controller(cfg)
     uvicorn.run(

@@ -205,7 +205,14 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
                 f"unknown phase {phase!r}",
                 [{"field": "query.phase", "message": f"use one of {', '.join(PHASES)}"}],
             )
-        ids = ctl.store.job_ids(last=0 if phase else limit)  # a phase filter reads them all
+        # a phase filter reads only its index: the open jobs, or the finished ones (bounded by
+        # retention, controller/retention.py), never every job ever stored
+        if phase is None:
+            ids = ctl.store.job_ids(last=limit)
+        elif phase in TERMINAL:
+            ids = ctl.store.finished_job_ids()
+        else:
+            ids = ctl.store.job_ids(open_only=True)
         out = [
             job_summary(j)
             for j in (Job.from_hash(i, h) for i, h in ctl.store.jobs(ids).items())

@@ -282,6 +282,7 @@ def finish(
     if blame is not None:
         quarantine.write(tx, ctx, job.id, job.generation, blame)
     tx.hset(ctx.keys.job(job.id), job.fields()).zrem(ctx.keys.jobs_open(), job.id)
+    tx.zadd(ctx.keys.jobs_finished(), job.id, ctx.now)  # controller/retention.py's clock
     for wid in view.asg.workers if view.asg else []:
         _release(ctx, tx, job.id, wid)
     kind = "Normal" if outcome == "Succeeded" else "Warning"

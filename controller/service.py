@@ -18,6 +18,7 @@ from controller.admission import AdmissionConfig
 from controller.availability import RedisAvailability
 from controller.lease import LeaseKeeper
 from controller.metrics import ControllerMetrics, Scraped
+from controller.retention import Retention, RetentionConfig
 from controller.scheduler import Scheduler, SchedulerConfig
 from services.store import Fenced, Store
 
@@ -35,6 +36,7 @@ class ControllerConfig:
     admission: AdmissionConfig = (
         AdmissionConfig()
     )  # data/checkpoint roots (controller/admission.py)
+    retention: RetentionConfig = RetentionConfig()  # bounded state (controller/retention.py)
 
 
 class Controller:
@@ -48,6 +50,7 @@ class Controller:
         self.scheduler = Scheduler(
             self.store, cfg.scheduler, self.id, availability=self.availability
         )
+        self.retention = Retention(self.store, cfg.retention)
         self.metrics = ControllerMetrics(
             Scraped(self.store, self.id, lambda: self.leading, cfg.scheduler.worker_alive_s)
         )
@@ -90,6 +93,7 @@ class Controller:
         try:
             self.availability.probe(self.store)  # every pass: the gaps between passes count
             self.scheduler.run_once(lease)
+            self.retention.run_due(lease)
         except Fenced:  # not retried: the next pass finds the lease gone
             log.warning("a write was fenced: another controller leads now")
         except redis.RedisError as e:

@@ -52,6 +52,7 @@ return 0
 #   HSET key field value [field value ...]      DEL key [key ...]
 #   DELIFEQ key field value: DEL key if HGET key field == value
 #   ZREM key member [member ...]                PUBLISH channel message
+#   ZADD key score member (one member; the score a number)
 #   XADD key maxlen field value [...]: XADD key MAXLEN ~ maxlen * field value ...
 FENCED_EXEC = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
@@ -61,13 +62,14 @@ local ok, cmds = pcall(cjson.decode, ARGV[2])
 if not ok or type(cmds) ~= 'table' then
   return redis.error_reply('REFUSED command list: not a JSON array')
 end
-local NEEDS = {HSET = 'hash', DELIFEQ = 'hash', ZREM = 'zset', XADD = 'stream', DEL = 'any', PUBLISH = 'any'}
+local NEEDS = {HSET = 'hash', DELIFEQ = 'hash', ZREM = 'zset', ZADD = 'zset', XADD = 'stream', DEL = 'any', PUBLISH = 'any'}
 local function well_formed(c)
   local v, n = c[1], #c
   for i = 1, n do if type(c[i]) ~= 'string' then return false end end
   if v == 'HSET' then return n >= 4 and n % 2 == 0 end
   if v == 'XADD' then return n >= 5 and n % 2 == 1 and string.match(c[3], '^%d+$') ~= nil end
   if v == 'DELIFEQ' then return n == 4 end
+  if v == 'ZADD' then return n == 4 and tonumber(c[3]) ~= nil end
   if v == 'PUBLISH' then return n == 3 end
   return n >= (v == 'DEL' and 2 or 3)  -- DEL key..., ZREM key member...
 end
@@ -86,7 +88,7 @@ end
 for n, c in ipairs(cmds) do
   if type(c) ~= 'table' then return refuse(n, {}, 'not a list') end
   local need = NEEDS[c[1]]
-  if not need then return refuse(n, c, 'unknown verb; allowed: HSET DEL DELIFEQ ZREM XADD PUBLISH') end
+  if not need then return refuse(n, c, 'unknown verb; allowed: HSET DEL DELIFEQ ZREM ZADD XADD PUBLISH') end
   if not well_formed(c) then return refuse(n, c, 'wrong number or form of arguments') end
   for i = 2, last_key(c) do
     local k = c[i]
@@ -101,7 +103,7 @@ for n, c in ipairs(cmds) do
     end
     -- HSET and XADD create their type; DEL empties; DELIFEQ and ZREM may empty a key, which
     -- is still fine for any later command on that key that this check lets through.
-    if c[1] == 'DEL' then kind[k] = 'none' elseif c[1] == 'HSET' or c[1] == 'XADD' then kind[k] = need end
+    if c[1] == 'DEL' then kind[k] = 'none' elseif c[1] == 'HSET' or c[1] == 'XADD' or c[1] == 'ZADD' then kind[k] = need end
   end
 end
 for _, c in ipairs(cmds) do

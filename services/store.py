@@ -76,6 +76,25 @@ class Keys:
         """zset of jobs not yet terminal, scored like `jobs` (the scheduler's queue)."""
         return f"{self.prefix}jobs:open"
 
+    def jobs_finished(self) -> str:
+        """zset of terminal jobs, scored by when they ended (server time): retention's queue
+        (controller/retention.py)."""
+        return f"{self.prefix}jobs:finished"
+
+    def workers_gone(self) -> str:
+        """zset of workers that deregistered (left `workers:seen`), scored by when."""
+        return f"{self.prefix}workers:gone"
+
+    def worker_keys(self, wid: str) -> list[str]:
+        """Every key of worker `wid` (forgotten together by retention)."""
+        w = self.worker(wid)
+        return [w, f"{w}:progress", f"{w}:assignment", f"{w}:health", f"{w}:probe"]
+
+    def job_keys(self, jid: str) -> list[str]:
+        """Every key of job `jid` (archived and deleted together by retention)."""
+        j = self.job(jid)
+        return [j, f"{j}:assignment", f"{j}:checkpoint", f"{j}:events", f"{j}:history"]
+
     def jobs_seq(self) -> str:
         return f"{self.prefix}jobs:seq"
 
@@ -130,6 +149,9 @@ class Tx:
 
     def zrem(self, key: str, member: str) -> Tx:
         return self._add(["ZREM", key, member], key)
+
+    def zadd(self, key: str, member: str, score: float) -> Tx:
+        return self._add(["ZADD", key, repr(float(score)), member], key)
 
     def publish(self, channel: str, message: str) -> Tx:
         return self._add(["PUBLISH", channel, message])  # a channel is not a key
@@ -380,6 +402,11 @@ class Store:
         pipe.delete(self.keys.worker(wid))
         pipe.hset(self.keys.worker(wid), mapping=flat({**info, "joined_at": self.now()}))
         pipe.execute()
+        return self.save_acl()
+
+    def save_acl(self) -> bool:
+        """ACL SAVE: whether Redis has an aclfile that now holds its users (False: it has none,
+        and agent users last until it restarts)."""
         try:
             self.r.execute_command("ACL", "SAVE")
         except redis.ResponseError:  # "not configured to use an ACL file"
@@ -389,6 +416,7 @@ class Store:
     def deregister_worker(self, wid: str) -> None:
         pipe = self.r.pipeline()
         pipe.zrem(self.keys.workers_seen(), wid)
+        pipe.zadd(self.keys.workers_gone(), {wid: self.now()})
         pipe.hset(self.keys.worker(wid), "state", "stopped")
         pipe.execute()
 
@@ -501,6 +529,10 @@ class Store:
         """Job ids in submission order; only the newest `last` when given."""
         key = self.keys.jobs_open() if open_only else self.keys.jobs()
         return self.r.zrange(key, -last if last > 0 else 0, -1)
+
+    def finished_job_ids(self) -> list[str]:
+        """Terminal jobs still kept (controller/retention.py), in the order they ended."""
+        return self.r.zrange(self.keys.jobs_finished(), 0, -1)
 
     def job_assignment(self, jid: str) -> dict[str, str]:
         return self.r.hgetall(self.keys.job_assignment(jid))
