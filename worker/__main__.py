@@ -133,6 +133,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="seconds between heartbeats while idle; serving a job, its fault_tolerance."
         "heartbeat_s applies",
     )
+    ap.add_argument(
+        "--keep-run-dirs",
+        type=int,
+        default=16,
+        help="newest per-generation run directories (logs, step records) kept under "
+        "--run-dir/jobs; older ones are deleted",
+    )
     ap.add_argument("--stop-grace", type=float, default=3.0, help="SIGTERM -> SIGKILL, seconds")
     ap.add_argument(
         "--metrics-port",
@@ -327,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         stop_grace_s=args.stop_grace,
         checkpoint_root=args.checkpoint_root.resolve() if args.checkpoint_root else None,
         data_roots=tuple(args.data_root),
+        keep_run_dirs=args.keep_run_dirs,
     )
     if args.controller:
         redis_url, prefix = join(args, cfg, stopping)

@@ -40,6 +40,7 @@ from worker.agent.probe import Prober
 from worker.agent.rank_process import RankProcess
 from worker.agent.rank_progress import RankProgress
 from worker.agent.retry import Outage
+from worker.agent.run_dirs import prune_run_dirs
 from worker.ckpt_store import Pointer, remove_checkpoints
 from worker.devices import device_indices
 
@@ -61,6 +62,7 @@ class AgentConfig:
     stop_grace_s: float = 3.0  # SIGTERM -> SIGKILL
     checkpoint_root: Path | None = None  # shared by every worker of a job (default: run_dir)
     data_roots: tuple[Path, ...] = ()  # where text:/tokens: data may be read (services/paths.py)
+    keep_run_dirs: int = 16  # newest per-generation run directories kept (worker/agent/run_dirs.py)
 
 
 @dataclass
@@ -237,6 +239,7 @@ class Agent:
             return
         d = self.cfg.run_dir / "jobs" / job / f"g{generation}"
         d.mkdir(parents=True, exist_ok=True)
+        prune_run_dirs(self.cfg.run_dir / "jobs", self.cfg.keep_run_dirs, d)
         spec = asg.effective_spec(spec)  # the mesh may have shrunk after a failure
         default_root = self.cfg.checkpoint_root or self.cfg.run_dir / "checkpoints"
         try:  # again on this host, whatever reached Redis: trainers get the resolved paths
