@@ -15,6 +15,9 @@ Concessions, each on purpose:
     2  shard gradients + optimizer state: `fully_shard(reshard_after_forward=False)`;
        parameters stay gathered between forward and backward (ZeRO-2).
     3  full shard: parameters re-sharded after forward, gathered again for backward.
+- `precision: bf16` is FSDP2's MixedPrecisionPolicy, never autocast: one mechanism for
+  every layout, so at dp 1 the model is wrapped too (on a one-rank DP mesh, where it only
+  casts).
 """
 
 from __future__ import annotations
