@@ -35,6 +35,8 @@ class StepRecord(Record):
     wait_s: float  # time blocked in collectives (pipeline bubbles, all-reduces)
     lr: float
     grad_norm: float | None = None
+    # bytes, the process's peak so far: max RSS on CPU, max_memory_allocated on GPU
+    peak_mem_bytes: int | None = None
     rank: int
     time: float  # the trainer's wall clock (time.time()) when the step ended
 
@@ -50,6 +52,7 @@ class RankReport(Record):
     step_s: float | None = None
     compute_s: float | None = None
     wait_s: float | None = None
+    peak_mem_bytes: int | None = None  # the latest StepRecord's
     pid: int | None = None  # the trainer process on its worker's host
     exit_code: int | None = None
     error: str | None = None  # why a rank failed, when no exit code tells

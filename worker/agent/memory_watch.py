@@ -18,6 +18,8 @@ from typing import Any
 
 import psutil
 
+from worker.peak_rss import high_water_mark
+
 V1_ROOT = Path("/sys/fs/cgroup/memory")
 V2_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
 # file names per cgroup version: (kill counter, limit, peak)
@@ -38,18 +40,6 @@ def _number(path: Path, key: str | None = None) -> int | None:
             if k == key:
                 return int(v)
     except (OSError, ValueError):
-        pass
-    return None
-
-
-def _high_water_mark(pid: int) -> int | None:
-    """Bytes: the process's peak resident set (VmHWM in /proc/{pid}/status, in kB)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
         pass
     return None
 
@@ -91,7 +81,7 @@ class MemoryWatch:
             rss = process.memory_info().rss
         except psutil.Error:
             return
-        self.peak = max(self.peak, rss, _high_water_mark(process.pid) or 0)
+        self.peak = max(self.peak, rss, high_water_mark(process.pid) or 0)
         group, v2 = memory_cgroup(process.pid)
         if group is not None and group != self.group:  # first seen, or moved into another group
             self.group, self.v2 = group, v2

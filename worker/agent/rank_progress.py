@@ -73,6 +73,7 @@ class RankProgress:
             "step_s": last.step_s if last else None,
             "compute_s": last.compute_s if last else None,
             "wait_s": last.wait_s if last else None,
+            "peak_mem_bytes": last.peak_mem_bytes if last else None,
             "started_at": self.started_at,
             "rendezvous_at": self.rendezvous_at,
             "ready_at": self.ready_at,

@@ -38,6 +38,7 @@ class MetricsFile:
             wait_s=r.wait_s,
             lr=r.lr,
             grad_norm=r.grad_norm,
+            peak_mem_bytes=r.peak_mem_bytes,
             rank=self.rank,
             time=time.time(),
         )

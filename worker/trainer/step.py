@@ -9,6 +9,7 @@ depend on (train.seed, parameter name) alone (docs/architecture.md, "Trainer").
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from services.spec import JobSpec
 from worker.progress import Collectives
 from worker.trainer.data import Batches
+from worker.trainer.memory import peak_mem_bytes
 from worker.trainer.model import build_model
 from worker.trainer.optim import build_optimizer, build_scheduler, clip_grad_norm
 from worker.trainer.parallel import (
@@ -48,6 +50,7 @@ class StepResult:
     compute_s: float
     wait_s: float
     tokens: int
+    peak_mem_bytes: int  # this process's peak so far (worker/trainer/memory.py)
 
 
 class Trainer:
@@ -125,15 +128,16 @@ class Trainer:
             total += loss.detach()
         return total
 
-    def global_loss(self, local: torch.Tensor) -> float:
-        """Mean over the global batch: each DP replica's loss leader adds its share."""
+    def global_loss(self, local: torch.Tensor) -> torch.Tensor:
+        """Mean over the global batch, a 0-dim float64 tensor on the device: each DP replica's
+        loss leader adds its share. Reduced where it lies: no host sync (train_step reads it)."""
         share = (
-            local.double().cpu() / self.spec.parallel.dp
+            local.double() / self.spec.parallel.dp
             if self.ctx.is_last_stage_leader
-            else torch.zeros((), dtype=torch.float64)
+            else torch.zeros((), dtype=torch.float64, device=local.device)
         )
         dist.all_reduce(share)
-        return float(share)
+        return share
 
     def train_step(self, index: int, before_update=lambda: None) -> StepResult:
         """Run step `index` (0-based: `index` steps are done before it); `before_update` runs
@@ -148,10 +152,13 @@ class Trainer:
             local = self._forward_backward(x, y)
         p = self.spec.parallel
         with self.collectives.phase():
-            grad_norm = clip_grad_norm(self.params, self.spec.train.grad_clip, p.dp * p.tp)
+            norm = clip_grad_norm(self.params, self.spec.train.grad_clip, p.dp * p.tp)
         with self.collectives.phase():
-            loss = self.global_loss(local)
-        if not (torch.isfinite(torch.tensor(loss)) and torch.isfinite(torch.tensor(grad_norm))):
+            global_loss = self.global_loss(local)
+        # The step's one host sync: loss and norm come back together (issue 12), and both
+        # are checked before any parameter changes.
+        loss, grad_norm = torch.stack((global_loss, norm)).tolist()
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             raise NonFiniteError(
                 f"step {index + 1}: loss {loss}, grad norm {grad_norm} is not "
                 "finite; lower train.lr or raise train.warmup_steps"
@@ -174,4 +181,5 @@ class Trainer:
             compute,
             step_s - compute,
             self.spec.train.global_batch * self.spec.model.seq_len,
+            peak_mem_bytes(self.ctx.device),
         )
