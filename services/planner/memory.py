@@ -62,9 +62,12 @@ def layer_activations(spec: JobSpec, tp: int, tokens: int) -> int:
     (worker/trainer/model.py): per token, q and k before and after RoPE, v, the attention
     output and its contiguous copy (7 d, split over tp) and the SwiGLU gate, its SiLU, up and
     their product (4 ffn, split over tp); the two RMSNorms keep their input, the normalized
-    input and their output (6 d, split over tp only under sequence parallelism)."""
+    input and their output (6 d, split over tp only under sequence parallelism, which then
+    all-gathers the attention's and the MLP's inputs whole: 2 d more; see
+    worker/trainer/parallel.py)."""
     d, f = spec.model.d_model, spec.model.ffn
-    norms = 6 * d / (tp if spec.parallel.sequence_parallel and tp > 1 else 1)
+    sequence_parallel = spec.parallel.sequence_parallel and tp > 1
+    norms = 6 * d / tp + 2 * d if sequence_parallel else 6 * d
     return int(tokens * ((7 * d + 4 * f) / tp + norms) * act_bytes(spec))
 
 
@@ -122,7 +125,9 @@ def memory_at(spec: JobSpec, layout: Layout, cluster: Cluster, position: str) ->
     else:
         saved = per_block
     activations = in_flight(layout, position, m.layers) * saved
-    buffers = per_block  # one block's backward workspace (or its recomputation under AC)
+    # one block's backward workspace (the gradients it produces); under AC the block's
+    # recomputed activations are live beside it
+    buffers = per_block * (2 if layout.activation_checkpointing else 1)
     if layout.pp > 1:
         # PipelineStage allocates an activation and a gradient receive buffer per microbatch
         buffers += 2 * layout.microbatches * layout.virtual_stages * tokens * m.d_model * compute_b

@@ -1,0 +1,70 @@
+"""The planner over the live stack: POST /v1/plan (any role), a `parallel.auto` spec planned at
+admission, and `meshkeeper plan --measure` running the top candidates on the pool."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+
+from tests.integration.conftest import WORKERS, tiny_spec, wait_phase
+from tests.integration.test_cli import meshkeeper
+
+
+def test_a_viewer_plans_for_the_live_pool(stack):
+    with stack.controller.client(stack.secrets.viewer_token) as c:
+        r = c.http.post("/v1/plan", json={"spec": tiny_spec("plan")})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    plans = body["plans"]
+    assert plans and body["given"]["dp"] == 2
+    # the pool: WORKERS agents of one device each, so no TP group can form inside a host
+    assert all(p["dp"] * p["pp"] * p["tp"] <= WORKERS and p["tp"] == 1 for p in plans)
+    times = [p["step_time_s"] for p in plans]
+    assert times == sorted(times)
+
+
+def test_a_bad_plan_request_names_the_field(stack):
+    with stack.controller.client(stack.secrets.viewer_token) as c:
+        bad_spec = c.http.post("/v1/plan", json={"spec": tiny_spec("p", model={"heads": 3})})
+        bad_device = c.http.post(
+            "/v1/plan", json={"spec": tiny_spec("p"), "workers": 2, "device": "tpu"}
+        )
+    assert bad_spec.status_code == 422
+    assert "spec.model.heads" in [p["field"] for p in bad_spec.json()["problems"]]
+    assert bad_device.status_code == 422
+    assert [p["field"] for p in bad_device.json()["problems"]] == ["device"]
+
+
+def test_an_auto_spec_is_stored_with_the_planned_layout(stack):
+    c = stack.client
+    job = c.submit(tiny_spec("auto", parallel={"auto": True})).id
+    stored = c.job(job).spec["parallel"]
+    c.cancel(job)  # what admission stored is the behaviour; training it is other tests' work
+    assert stored["auto"] is False
+    assert stored["dp"] * stored["pp"] * stored["tp"] <= WORKERS
+    wait_phase(c, job, ("Cancelled",), 60)
+
+
+def test_measure_runs_the_top_plans_and_prints_the_models_choice_and_the_fastest(stack, tmp_path):
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(yaml.safe_dump(tiny_spec("measure")))
+    r = meshkeeper(
+        "plan",
+        str(spec),
+        "--workers",
+        "2",
+        "--measure",
+        "2",
+        "--measure-steps",
+        "2",
+        url=stack.controller.url,
+        token=stack.secrets.admin_token,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    rate = r"([\d,]+) tokens/s"
+    first = re.search(r"model's first choice: .*: " + rate, r.stdout)
+    best = re.search(r"measured best: .*: " + rate, r.stdout)
+    assert first and best, r.stdout
+    assert float(best[1].replace(",", "")) >= float(first[1].replace(",", "")) > 0
