@@ -32,6 +32,7 @@ from services.client import ApiError, Client
 from services.procs import free_port, signal_group, stop_all
 from services.store import Store, acl_file, wait_for_redis, with_credentials
 from services.tokens import new_token, write_auth_file
+from worker.progress import CHAOS_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -100,16 +101,16 @@ def wait_until(fn: Callable[[], Any], timeout: float, what: str, every: float = 
 
 
 class Proc:
-    """A child in its own process group, its output in a log file."""
+    """A child in its own process group, its output in a log file; `env` defaults to ENV."""
 
-    def __init__(self, name: str, argv: list[str], log_dir: Path):
+    def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict | None = None):
         self.name, self.log = name, log_dir / f"{name}.log"
         log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
             self.p = subprocess.Popen(
                 argv,
                 cwd=ROOT,
-                env=ENV,
+                env=env or ENV,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -381,7 +382,9 @@ class Stack:
     def _agent(self, wid: str, redis_url: str | None = None) -> Proc:
         """An agent process, joined through the controller with the join token, serving its
         metrics on a fresh free port; `redis_url` reaches Redis another way (through a fault
-        proxy): only its address is used."""
+        proxy): only its address is used. Its trainers carry the chaos hook (a SIGUSR2 handler
+        that makes a rank spin, worker/progress.py; nothing else sends SIGUSR2), so the blame
+        test needs no agent restarted with it and again without it."""
         via = (
             ["--redis-address", urlsplit(redis_url).netloc.rpartition("@")[2]] if redis_url else []
         )
@@ -390,6 +393,7 @@ class Stack:
             f"agent-{wid}",
             [*agent_argv(self.controller.url, self.secrets, wid, self.work, port), *via],
             self.work / "logs",
+            {**ENV, CHAOS_ENV: "1"},
         )
 
     def restart_agent(self, wid: str, redis_url: str | None = None) -> Proc:

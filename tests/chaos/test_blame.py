@@ -3,9 +3,9 @@
 - A rank caught in a pure-Python busy loop (state R, between two collectives): its peer waits
   inside the next collective, every step is frozen, and the collective counters name the
   spinning rank. The fault is real: the trainer's SIGUSR2 handler (worker/progress.py), armed
-  only in trainers of an agent started with MESHKEEPER_CHAOS_HOOKS=1, makes it spin forever
-  at its next step boundary. That worker is replaced, quarantined, and re-admitted only after
-  its health probe passed.
+  only in trainers of an agent started with MESHKEEPER_CHAOS_HOOKS=1 (as the test stack's
+  agents are, tests/stack.py), makes it spin forever at its next step boundary. That worker is
+  replaced, quarantined, and re-admitted only after its health probe passed.
 - A trainer killed by the kernel OOM killer: the warm trainer process about to become rank 0
   is moved into a memory cgroup whose limit its model cannot fit in; the job fails with
   OutOfMemory naming the rank and its peak memory, and no spare is spent.
@@ -19,15 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from controller.scheduler import Scheduler, SchedulerConfig
 from services.procs import descendants
-from tests import stack as stack_mod
 from tests.chaos.chaos import (
     Watch,
     assert_curve,
     at_step,
     completed,
     events,
+    free_pool,
     gone,
     mesh_spec,
     metrics_path,
@@ -36,32 +35,11 @@ from tests.chaos.chaos import (
     wait_record,
 )
 from tests.stack import tiny_spec, wait_until
-from worker.progress import CHAOS_ENV, counters_path, read_counters
+from worker.progress import counters_path, read_counters
 
 pytestmark = pytest.mark.slow
 
 SPIN_AT = 8
-
-
-def free_pool(stack) -> list[str]:
-    """The scheduler's own free-worker pool (quarantine filter included), read from Redis."""
-    s = Scheduler(stack.store, SchedulerConfig(), "test-blame")
-    return [w.wid for w in s.free_workers(stack.store.now())]
-
-
-def restart_agent(stack, wid: str, env: dict[str, str]) -> None:
-    """Restart one agent (same id) with `env` added to its environment, and wait for it idle."""
-    stack.agents[wid].stop(10)
-    saved = dict(stack_mod.ENV)
-    stack_mod.ENV.update(env)
-    try:
-        stack.restart_agent(wid)
-    finally:
-        stack_mod.ENV.clear()
-        stack_mod.ENV.update(saved)
-    wait_until(
-        lambda: wid in stack.idle_workers() and wid in free_pool(stack), 90, f"{wid} idle again"
-    )
 
 
 def warm_trainers(stack, wid: str) -> list[int]:
@@ -92,79 +70,73 @@ def test_busy_looping_rank_is_blamed_quarantined_and_probed_back(stack, uninterr
     spec = mesh_spec("blame-spin", parallel={"dp": 2}, hang_after_s=6, quarantine_s=10)
     want = uninterrupted(spec)
     target = free_pool(stack)[1]  # placement takes the free pool in order: rank 1 lands here
-    restart_agent(stack, target, {CHAOS_ENV: "1"})
-    try:
-        w, j1 = start(stack, spec)
-        victim = next(r for r in j1.mesh.ranks if r.worker == target)
-        peer = next(r for r in j1.mesh.ranks if r.worker != target)
-        spare = j1.mesh.spares[0]
-        wait_record(
-            metrics_path(stack, j1, victim.rank),
-            at_step(SPIN_AT),
-            120,
-            f"rank {victim.rank} at step {SPIN_AT}",
+    w, j1 = start(stack, spec)
+    victim = next(r for r in j1.mesh.ranks if r.worker == target)
+    peer = next(r for r in j1.mesh.ranks if r.worker != target)
+    spare = j1.mesh.spares[0]
+    wait_record(
+        metrics_path(stack, j1, victim.rank),
+        at_step(SPIN_AT),
+        120,
+        f"rank {victim.rank} at step {SPIN_AT}",
+    )
+    os.kill(victim.pid, signal.SIGUSR2)
+    # the fault as injected: the victim spins on a CPU outside any collective, its peer
+    # sleeps inside one it entered after the victim's last
+    vc = counters_path(metrics_path(stack, j1, victim.rank))
+    pc = counters_path(metrics_path(stack, j1, peer.rank))
+    # the same counts one second apart: a rank merely computing between two collectives
+    # also looks like this for an instant (the SIGUSR2 hook fires at its next step)
+    seen: list[tuple] = []
+
+    def spinning() -> bool:
+        now = (read_counters(vc), read_counters(pc))
+        settled = bool(seen) and seen[-1] == now
+        seen.append(now)
+        return (
+            settled
+            and proc_state(victim.pid) == "R"
+            and now[1][0] > now[0][0]
+            and now[0][0] == now[0][1]
         )
-        os.kill(victim.pid, signal.SIGUSR2)
-        # the fault as injected: the victim spins on a CPU outside any collective, its peer
-        # sleeps inside one it entered after the victim's last
-        vc = counters_path(metrics_path(stack, j1, victim.rank))
-        pc = counters_path(metrics_path(stack, j1, peer.rank))
-        # the same counts one second apart: a rank merely computing between two collectives
-        # also looks like this for an instant (the SIGUSR2 hook fires at its next step)
-        seen: list[tuple] = []
 
-        def spinning() -> bool:
-            now = (read_counters(vc), read_counters(pc))
-            settled = bool(seen) and seen[-1] == now
-            seen.append(now)
-            return (
-                settled
-                and proc_state(victim.pid) == "R"
-                and now[1][0] > now[0][0]
-                and now[0][0] == now[0][1]
-            )
+    wait_until(spinning, 30, "the victim spinning (R) behind its peer's collective count", 1.0)
+    entered_v, entered_p = seen[-1][0][0], seen[-1][1][0]
 
-        wait_until(spinning, 30, "the victim spinning (R) behind its peer's collective count", 1.0)
-        entered_v, entered_p = seen[-1][0][0], seen[-1][1][0]
+    j = w.until(lambda j: j.generation >= 2, 120, "a recovery from the hang")
+    rec = j.recoveries[0]
+    assert (rec.cause, rec.action) == ("RankHung", "replace"), rec
+    assert [(f.rank, f.worker) for f in rec.faults] == [(victim.rank, target)], rec.faults
+    detail = rec.faults[0].detail
+    assert (
+        "the others wait on it" in detail and f"entered {entered_v} collective phases" in detail
+    ), detail
+    assert f"collective phase {entered_p}" in detail, detail
+    assert rec.replaced == [{"old": target, "new": spare}], rec
+    # quarantined: recorded in Redis, announced, and out of the scheduler's free pool
+    health = stack.store.r.hgetall(f"mk:worker:{target}:health")
+    assert (
+        health.get("cause") == "RankHung" and float(health["quarantined_until"]) > rec.fault_at
+    ), health
+    assert [q.worker for q in rec.quarantined] == [target], rec.quarantined
+    assert any(e.reason == "WorkerQuarantined" and target in e.message for e in events(stack, j.id))
+    assert target not in free_pool(stack)
+    wait_until(lambda: gone(victim.pid), 30, f"the spinning trainer {victim.pid} to be stopped")
 
-        j = w.until(lambda j: j.generation >= 2, 120, "a recovery from the hang")
-        rec = j.recoveries[0]
-        assert (rec.cause, rec.action) == ("RankHung", "replace"), rec
-        assert [(f.rank, f.worker) for f in rec.faults] == [(victim.rank, target)], rec.faults
-        detail = rec.faults[0].detail
-        assert (
-            "the others wait on it" in detail and f"entered {entered_v} collective phases" in detail
-        ), detail
-        assert f"collective phase {entered_p}" in detail, detail
-        assert rec.replaced == [{"old": target, "new": spare}], rec
-        # quarantined: recorded in Redis, announced, and out of the scheduler's free pool
-        health = stack.store.r.hgetall(f"mk:worker:{target}:health")
-        assert (
-            health.get("cause") == "RankHung" and float(health["quarantined_until"]) > rec.fault_at
-        ), health
-        assert [q.worker for q in rec.quarantined] == [target], rec.quarantined
-        assert any(
-            e.reason == "WorkerQuarantined" and target in e.message for e in events(stack, j.id)
-        )
-        assert target not in free_pool(stack)
-        wait_until(lambda: gone(victim.pid), 30, f"the spinning trainer {victim.pid} to be stopped")
+    j = w.finish()
+    succeeded(stack, j)
+    assert [(r.cause, r.action) for r in j.recoveries] == [("RankHung", "replace")]
+    assert (j.restarts, j.generation) == (1, 2)
+    completed(j.recoveries[0])
+    assert target not in {r.worker for r in j.mesh.ranks}
+    assert_curve(stack, j, want, exact=True)
 
-        j = w.finish()
-        succeeded(stack, j)
-        assert [(r.cause, r.action) for r in j.recoveries] == [("RankHung", "replace")]
-        assert (j.restarts, j.generation) == (1, 2)
-        completed(j.recoveries[0])
-        assert target not in {r.worker for r in j.mesh.ranks}
-        assert_curve(stack, j, want, exact=True)
-
-        # back in the pool only after the quarantine ended and the probe passed
-        until = float(health["quarantined_until"])
-        wait_until(lambda: target in free_pool(stack), 90, f"{target} re-admitted after its probe")
-        probe = stack.store.r.hgetall(f"mk:worker:{target}:probe")
-        assert probe.get("passed") == "1" and float(probe["at"]) >= until, probe
-        assert "matmul and gloo all-reduce ok" in probe.get("detail", ""), probe
-    finally:
-        restart_agent(stack, target, {})  # the chaos hook disarmed again for later tests
+    # back in the pool only after the quarantine ended and the probe passed
+    until = float(health["quarantined_until"])
+    wait_until(lambda: target in free_pool(stack), 90, f"{target} re-admitted after its probe")
+    probe = stack.store.r.hgetall(f"mk:worker:{target}:probe")
+    assert probe.get("passed") == "1" and float(probe["at"]) >= until, probe
+    assert "matmul and gloo all-reduce ok" in probe.get("detail", ""), probe
 
 
 # -- OOM ------------------------------------------------------------------------------------
