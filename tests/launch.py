@@ -1,4 +1,5 @@
-"""Launch the real trainer under torchrun and read back its per-step metrics."""
+"""Launch the real trainer (its ranks started by tests/rankrun.py, the torchrun environment
+without torchrun's launcher) and read back its per-step metrics."""
 
 from __future__ import annotations
 
@@ -34,15 +35,15 @@ def write_spec(spec: dict, directory: Path, name: str = "job.yaml") -> Path:
 
 
 def trainer_command(spec: dict, directory: Path, extra: list[str] = ()) -> list[str]:
-    """torchrun over dp*pp*tp local processes; rank 0's metrics go to directory/steps.jsonl."""
+    """dp*pp*tp local rank processes (tests/rankrun.py, torchrun's argument order); rank 0's
+    metrics go to directory/steps.jsonl."""
     directory.mkdir(parents=True, exist_ok=True)
     p = spec.get("parallel", {})
     nproc = p.get("dp", 1) * p.get("pp", 1) * p.get("tp", 1)
     return [
         sys.executable,
         "-m",
-        "torch.distributed.run",
-        "--standalone",
+        "tests.rankrun",
         f"--nproc-per-node={nproc}",
         "-m",
         "worker.trainer",
@@ -69,7 +70,7 @@ def run_trainer(
         timeout=timeout,
     )
     if proc.returncode != 0:
-        # torchrun names the first rank that failed; its own lines get lost behind the others'
+        # the launcher names the first rank that failed; its own lines get lost behind the others'
         first = "\n".join(line for line in proc.stderr.splitlines() if line.startswith("[rank0]"))[
             -3000:
         ]
