@@ -237,6 +237,18 @@ def _next_generation(
     start_generation(ctx, job, layout, view.asg, "Recovering", tx, event=(kind, event, msg))
     ctx.commit(tx)
     log.log(logging.WARNING if kind == "Warning" else logging.INFO, "job %s: %s", job.id, msg)
+    _blamed_left(ctx, job.id, record, {r.wid for r in layout.ranks} | set(layout.spares))
+
+
+def _blamed_left(ctx: Pass, jid: str, record: RecoveryRecord, staying: set[str]) -> None:
+    """Tell the cluster about each worker a fault named that leaves the job (a rank whose
+    trainer died but whose agent stays, as a spare, is not one): Kubernetes replaces its pod."""
+    if ctx.actions is None:
+        return
+    left = {f.worker: f"{f.cause}: {f.detail}" for f in record.faults if f.worker}
+    for wid, why in left.items():
+        if wid not in staying:
+            ctx.actions.worker_left(wid, jid, why)
 
 
 def _stop_for_capacity(ctx: Pass, view: JobView, d: WaitForCapacity) -> None:
@@ -257,6 +269,7 @@ def _stop_for_capacity(ctx: Pass, view: JobView, d: WaitForCapacity) -> None:
     )
     ctx.commit(tx)
     log.warning("job %s: %s", job.id, d.message)
+    _blamed_left(ctx, job.id, d.record, set())
 
 
 # -- endings and waits ----------------------------------------------------------------

@@ -1,12 +1,13 @@
-"""The controller's in-cluster actions (issue 7): replace a failed worker's pod, and record
-Events on the TrainingJob that submitted a job.
+"""The controller's Kubernetes actions: replace a failed worker's pod, and record Events on
+the TrainingJob that submitted a job (called through controller/pods.py).
 
 `KubernetesActions.from_environment()` is None unless the controller runs in a pod
-(KUBERNETES_SERVICE_HOST) with MESHKEEPER_K8S_WORKER_SELECTOR naming its worker pool (the
-Helm chart and deploy/k8s set both). The recovery loop calls `replace_worker` after it has
-moved the failed coordinate to a spare: the pool's Deployment then starts a fresh pod, which
-registers and becomes the new spare. Every method logs and swallows API errors: recovery
-never waits on, or fails because of, the Kubernetes API.
+(KUBERNETES_SERVICE_HOST) or has a kubeconfig (MESHKEEPER_KUBECONFIG), with
+MESHKEEPER_K8S_WORKER_SELECTOR naming its worker pool (the Helm chart and deploy/k8s set
+both). The recovery calls `replace_worker` after it has moved a blamed worker out: the pool's
+Deployment then starts a fresh pod, which registers and becomes the new spare. Every method
+logs and swallows API errors: recovery never waits on, or fails because of, the Kubernetes
+API.
 """
 
 from __future__ import annotations
@@ -57,13 +58,24 @@ class KubernetesActions:
 
     @classmethod
     def from_environment(cls, env: Mapping[str, str] = os.environ) -> KubernetesActions | None:
+        """In a pod (KUBERNETES_SERVICE_HOST, the service account), or outside the cluster
+        with MESHKEEPER_KUBECONFIG (a kubeconfig file) and MESHKEEPER_NAMESPACE; in both cases
+        only with MESHKEEPER_K8S_WORKER_SELECTOR naming the worker pool."""
         selector = env.get("MESHKEEPER_K8S_WORKER_SELECTOR")
-        if not env.get("KUBERNETES_SERVICE_HOST") or not selector:
+        kubeconfig = env.get("MESHKEEPER_KUBECONFIG")
+        if not selector or not (env.get("KUBERNETES_SERVICE_HOST") or kubeconfig):
             return None
-        kubernetes.config.load_incluster_config()
-        namespace = env.get("MESHKEEPER_NAMESPACE") or open(SA_NAMESPACE).read().strip()
+        if kubeconfig:
+            namespace = env.get("MESHKEEPER_NAMESPACE")
+            if not namespace:
+                raise ValueError("MESHKEEPER_KUBECONFIG needs MESHKEEPER_NAMESPACE (the pool's)")
+            api = kubernetes.config.new_client_from_config(config_file=kubeconfig)
+        else:
+            kubernetes.config.load_incluster_config()
+            namespace = env.get("MESHKEEPER_NAMESPACE") or open(SA_NAMESPACE).read().strip()
+            api = kubernetes.client.ApiClient()
         return cls(
-            kubernetes.client.ApiClient(),
+            api,
             namespace,
             selector,
             int(env.get("MESHKEEPER_K8S_DELETE_GRACE_S", "10")),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from controller.admission import PoolWorker, Quotas, live_pool
 from controller.jobs import Job
@@ -52,6 +53,14 @@ class FreePool:
         self._workers = [w for w in self.workers if w.wid not in gone]
 
 
+class WorkerActions(Protocol):
+    """What the cluster around the pool does about a worker (Kubernetes: controller/pods.py).
+    Called after the decision's transaction committed; must not block the pass."""
+
+    def worker_left(self, wid: str, job_id: str, why: str) -> None:
+        """A recovery moved blamed worker `wid` out of job `job_id` for `why`."""
+
+
 @dataclass
 class Pass:
     store: Store
@@ -60,6 +69,7 @@ class Pass:
     lease: str  # every write of the pass is fenced on it
     now: float  # Redis server time at the start of the pass
     pool: FreePool
+    actions: WorkerActions | None = None  # outside Redis: the cluster's pods (controller/pods.py)
     _live: list[PoolWorker] | None = field(default=None, repr=False)
 
     @property

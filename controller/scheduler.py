@@ -15,7 +15,7 @@ from controller import apply, placing, waiting
 from controller.availability import RedisAvailability
 from controller.following import follow
 from controller.jobs import Job
-from controller.passes import FreePool, JobView, Pass, SchedulerConfig
+from controller.passes import FreePool, JobView, Pass, SchedulerConfig, WorkerActions
 from controller.placement import FreeWorker
 from controller.ranks import rank_view
 from services.assignment import Assignment
@@ -32,8 +32,9 @@ class Scheduler:
         controller_id: str,
         *,
         availability: RedisAvailability | None = None,
+        actions: WorkerActions | None = None,
     ):
-        self.store, self.cfg, self.me = store, cfg, controller_id
+        self.store, self.cfg, self.me, self.actions = store, cfg, controller_id, actions
         self.availability = availability or RedisAvailability()  # see controller/following.py
 
     def free_workers(self, now: float) -> list[FreeWorker]:
@@ -52,7 +53,13 @@ class Scheduler:
         # One pool per pass, not a fresh read per consumer: a list kept for pending jobs while
         # a recovery re-read Redis gave the worker that recovery took to a later pending job.
         ctx = Pass(
-            self.store, self.cfg, self.me, lease, now, FreePool(lambda: self.free_workers(now))
+            self.store,
+            self.cfg,
+            self.me,
+            lease,
+            now,
+            FreePool(lambda: self.free_workers(now)),
+            self.actions,
         )
         records = self.store.jobs(jids)
         jobs = {jid: Job.from_hash(jid, records[jid]) for jid in jids}

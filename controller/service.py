@@ -18,6 +18,7 @@ from controller.admission import AdmissionConfig
 from controller.availability import RedisAvailability
 from controller.lease import LeaseKeeper
 from controller.metrics import ControllerMetrics, Scraped
+from controller.pods import PodReplacer
 from controller.retention import Retention, RetentionConfig
 from controller.scheduler import Scheduler, SchedulerConfig
 from services.store import Fenced, Store
@@ -47,8 +48,9 @@ class Controller:
         self.lease = LeaseKeeper(self.store, self.id, cfg.lease_ttl_s)
         # Redis as this controller sees it: silence is judged only while it was there for all
         self.availability = RedisAvailability()
+        self.pods = PodReplacer.from_environment(self.store)  # None outside Kubernetes
         self.scheduler = Scheduler(
-            self.store, cfg.scheduler, self.id, availability=self.availability
+            self.store, cfg.scheduler, self.id, availability=self.availability, actions=self.pods
         )
         self.retention = Retention(self.store, cfg.retention)
         self.metrics = ControllerMetrics(
@@ -77,6 +79,8 @@ class Controller:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        if self.pods is not None:
+            self.pods.close()
         self.lease.stop()
         self.store.close()
 

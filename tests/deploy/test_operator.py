@@ -4,9 +4,11 @@ Kubernetes API emulator) with a real controller process and a real redis-server 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -22,13 +24,12 @@ import pytest
 import pytest_asyncio
 
 from controller import operator
-from controller.jobs import Job
 from controller.k8s import KubernetesActions
 from services.client import Client
 from services.procs import free_port, stop_all
-from services.store import Store, flat
 from services.tokens import new_token
-from tests.stack import RedisServer
+from tests.security.smallpool import SmallPool
+from tests.stack import ENV, Proc, RedisServer, agent_argv, tiny_spec
 
 NS = "ml"
 TJ = "meshkeeper.io/v1alpha1/trainingjobs"
@@ -248,24 +249,6 @@ async def create_tj(kmock, name: str, spec: dict = SPEC, **extra) -> None:
     )
 
 
-def recover(redis_url: str, job_id: str, reason: str) -> None:
-    """Write a recovery into the job record as the controller's recovery loop does (the
-    fault-tolerance issue); the real controller then serves it over REST."""
-    store = Store(redis_url, "op:")
-    job = Job.from_hash(job_id, store.job(job_id))
-    job.restarts += 1
-    job.generation += 1
-    job.set(
-        "Recovering",
-        True,
-        reason,
-        "rank 1 (dp=1 pp=0 tp=0) lost its worker; swapping in a spare",
-        store.now(),
-    )
-    store.r.hset(store.keys.job(job_id), mapping=flat(job.fields()))
-    store.close()
-
-
 # --- tests --------------------------------------------------------------------------------
 
 
@@ -293,24 +276,6 @@ async def test_create_submits_the_job_and_writes_conditions(
     )
     assert operator.FINALIZER in tj_obj(kmock, "tiny")["metadata"]["finalizers"]
     assert events(kmock, "Submitted")[0]["involvedObject"]["name"] == "tiny"
-
-
-@pytest.mark.asyncio
-async def test_a_recovery_updates_conditions_and_restarts(
-    kmock, run_operator, controller_url, redis_url
-):
-    await run_operator(controller_url)
-    await create_tj(kmock, "recovers")
-    job_id = await eventually(lambda: status(kmock, "recovers").get("jobID"), "status.jobID")
-    await asyncio.to_thread(recover, redis_url, job_id, "WorkerDead")
-    st = await eventually(
-        lambda: status(kmock, "recovers").get("restarts") == 1 and status(kmock, "recovers"),
-        "restarts mirrored",
-    )
-    assert st["phase"] == "Recovering" and st["meshGeneration"] == 1
-    assert condition(st, "Recovering")["reason"] == "WorkerDead"
-    ev = await eventually(lambda: events(kmock, "Recovering"), "a Recovering event")
-    assert "restart 1" in ev[0]["message"] and ev[0]["type"] == "Warning"
 
 
 @pytest.mark.asyncio
@@ -421,3 +386,102 @@ def test_operator_cli_refuses_to_guess_its_namespace(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         operator.parse_args(["--controller-url", "http://x:8080"])
     assert "--namespace" in capsys.readouterr().err
+
+
+# --- a real kill under the real controller: the dead worker's pod goes, an Event says so ----
+POOL_SELECTOR = {"app.kubernetes.io/component": "worker"}
+KILL_SPEC = tiny_spec(
+    "k8s-kill",
+    train={"steps": 400},
+    checkpoint={"every_steps": 5},
+    fault_tolerance={
+        "spares": 1,
+        "dead_after_s": 2.0,
+        "quarantine_s": 0,
+        "straggler": {"action": "report"},
+    },
+)
+
+
+def kubeconfig(path, server: str):
+    """A kubeconfig for kmock (no auth), as an out-of-cluster controller would be given."""
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "kmock", "cluster": {"server": server}}],
+                "users": [{"name": "anon", "user": {}}],
+                "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "anon"}}],
+                "current-context": "kmock",
+            }
+        )
+    )
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_a_killed_worker_is_replaced_on_kubernetes_and_the_operator_mirrors_it(
+    kmock, run_operator, api_token, tmp_path, monkeypatch
+):
+    """A TrainingJob through the real operator onto a real controller and agents; SIGKILL one
+    worker (agent and trainer). The controller, acting on Kubernetes (kmock, through
+    MESHKEEPER_KUBECONFIG), deletes that worker's pod and only it once the recovery moved it
+    out, with a WorkerReplaced Event on the TrainingJob; the operator mirrors the restart."""
+    for i in range(3):
+        kmock.objects["v1/pods", NS, f"pod-p{i}"] = {
+            "metadata": {"name": f"pod-p{i}", "namespace": NS, "labels": POOL_SELECTOR}
+        }
+    env = {
+        "MESHKEEPER_KUBECONFIG": str(kubeconfig(tmp_path / "kubeconfig", str(kmock.url))),
+        "MESHKEEPER_NAMESPACE": NS,
+        "MESHKEEPER_K8S_WORKER_SELECTOR": "app.kubernetes.io/component=worker",
+        "MESHKEEPER_API_TOKEN": api_token,  # the operator's token, as the chart gives it
+    }
+    for k, v in env.items():
+        monkeypatch.setitem(ENV, k, v)
+    pool = await asyncio.to_thread(SmallPool, tmp_path, 0)
+    agents = [
+        Proc(
+            f"agent-p{i}",
+            [
+                *agent_argv(pool.controller.url, pool.secrets, f"p{i}", tmp_path),
+                *("--warm", "1", "--label", f"k8s.pod=pod-p{i}"),
+            ],
+            tmp_path / "logs",
+        )
+        for i in range(3)
+    ]
+    try:
+        await run_operator(pool.controller.url)
+        await eventually(lambda: sum(w.alive for w in pool.client.workers()) == 3, "3 agents", 60)
+        spec = {k: v for k, v in KILL_SPEC.items() if k != "name"}
+        await create_tj(kmock, "k8s-kill", spec)
+        jid = await eventually(lambda: status(kmock, "k8s-kill").get("jobID"), "status.jobID")
+        job = await eventually(
+            lambda: (j := pool.client.job(jid)).step >= 2 and j, "the job training", 120
+        )
+        victim = next(r for r in job.mesh.ranks if r.rank == 1)
+        agent = next(a for a in agents if a.name == f"agent-{victim.worker}")
+        for pgid in (agent.p.pid, victim.pid):  # the host is lost
+            os.killpg(pgid, signal.SIGKILL)
+
+        await eventually(
+            lambda: kmock.objects["v1/pods", NS, f"pod-{victim.worker}"].deleted,
+            f"pod-{victim.worker} deleted",
+            60,
+        )
+        ev = await eventually(lambda: events(kmock, "WorkerReplaced"), "the Event", 20)
+        assert ev[0]["involvedObject"]["uid"] == "uid-k8s-kill", ev
+        assert victim.worker in ev[0]["message"]
+        j = pool.client.job(jid)
+        assert [(r.cause, r.action) for r in j.recoveries] == [("WorkerDead", "replace")]
+        others = [f"pod-p{i}" for i in range(3) if f"p{i}" != victim.worker]
+        assert not any(kmock.objects["v1/pods", NS, p].deleted for p in others)
+        # the operator mirrors the controller's restart onto the TrainingJob
+        await eventually(lambda: status(kmock, "k8s-kill").get("restarts") == 1, "restarts")
+        assert await eventually(lambda: events(kmock, "Recovering"), "a Recovering event")
+    finally:
+        stop_all([a.p for a in agents], 10)
+        pool.close()
