@@ -1,8 +1,31 @@
-"""The rank's process group: set up from the torchrun environment, torn down quietly."""
+"""The rank's process group: set up from the torchrun environment, torn down quietly.
+
+On GPU (docs/architecture.md, "Parts", "Trainer": NCCL plus gloo) the rank's device is
+`cuda:LOCAL_RANK`, the index its agent derived from the worker's own visible GPUs
+(worker/devices.py), and NCCL's failure handling is set so that a hang ends the way the
+controller expects (controller/aborts.py). Per torch 2.13's ProcessGroupNCCL environment
+variables (docs: torch_nccl_environment_variables):
+- the process group's timeout is the one `init_distributed` is given, aligned with
+  `fault_tolerance.hang_after_s` (worker/trainer/main.py): a collective that waits longer is
+  what the controller would call a hang;
+- TORCH_NCCL_ASYNC_ERROR_HANDLING=3 (torch's default, kept unless the operator set it): on a
+  timed-out or failed collective the watchdog tears the process down without aborting the
+  communicator first (aborting can itself hang on a broken peer). The process dies of
+  SIGABRT, which the controller reads as collateral, and blames the rank the aborted ones
+  waited on;
+- TORCH_NCCL_BLOCKING_WAIT=0, always: blocking wait makes every `wait()` spin the host until
+  the collective ends (no compute/communication overlap) and turns a timeout into a Python
+  exception on the training thread, an ordinary failure that blames nobody;
+- TORCH_NCCL_ENABLE_MONITORING=1 with TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC at twice the timeout:
+  the monitor thread kills the process only when the watchdog itself is stuck (in a CUDA or
+  NCCL call); later than the watchdog's own timeout, so a plain hang is always reported by the
+  watchdog first, and within the controller's bound for independent hangs (2 x hang_after_s).
+"""
 
 from __future__ import annotations
 
 import gc
+import math
 import os
 from datetime import timedelta
 
@@ -23,10 +46,12 @@ def init_distributed(timeout_s: float) -> tuple[int, int, torch.device]:
             MASTER_PORT=str(free_port()),
         )
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    bind: torch.device | None = None
     if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        device = bind = cuda_device(int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count())
         torch.cuda.set_device(device)
         backend = "cuda:nccl,cpu:gloo"
+        os.environ.update(nccl_environment(timeout_s, os.environ))
     else:
         device = torch.device("cpu")
         backend = "gloo"
@@ -36,8 +61,32 @@ def init_distributed(timeout_s: float) -> tuple[int, int, torch.device]:
         if "OMP_NUM_THREADS" not in os.environ:
             local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
-    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    # device_id binds the group to this rank's GPU: NCCL's communicator forms now (a broken
+    # NCCL fails here, not at the first step) and subgroups split from it.
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), device_id=bind)
     return rank, world, device
+
+
+def cuda_device(local_rank: int, visible: int) -> torch.device:
+    """`cuda:<local_rank>`, checked against the GPUs this process sees."""
+    if not 0 <= local_rank < visible:
+        raise RuntimeError(
+            f"LOCAL_RANK {local_rank} names no GPU: this process sees {visible} "
+            "(CUDA_VISIBLE_DEVICES applied); the agent derives LOCAL_RANK from its own devices, "
+            "so start it with --devices at most its visible GPUs"
+        )
+    return torch.device("cuda", local_rank)
+
+
+def nccl_environment(timeout_s: float, environ: dict[str, str] | os._Environ) -> dict[str, str]:
+    """The ProcessGroupNCCL variables to set before the group is created (see the module
+    docstring for why each); an operator's own TORCH_NCCL_ASYNC_ERROR_HANDLING is kept."""
+    return {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"),
+        "TORCH_NCCL_BLOCKING_WAIT": "0",
+        "TORCH_NCCL_ENABLE_MONITORING": "1",
+        "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(math.ceil(2 * timeout_s)),
+    }
 
 
 def shutdown_distributed() -> None:

@@ -33,7 +33,7 @@ from worker.trainer.parallel import (
     vocab_sharded,
 )
 from worker.trainer.pipeline import build_schedule, split_stages
-from worker.trainer.timing import CpuClock
+from worker.trainer.timing import step_clock
 
 
 class NonFiniteError(RuntimeError):
@@ -84,7 +84,7 @@ class Trainer:
             build_schedule(parts, p, mesh["pp"], ctx.device, self._loss_fn) if p.pp > 1 else None
         )
         self.batches = Batches(spec.data, spec.model, spec.train.global_batch, p.dp)
-        self.clock = CpuClock()
+        self.clock = step_clock(ctx.device)
         self.collectives = collectives or Collectives(None)
         self.vocab_sharded = vocab_sharded(p)
 
@@ -151,9 +151,9 @@ class Trainer:
         with self.collectives.phase():
             local = self._forward_backward(x, y)
         p = self.spec.parallel
-        with self.collectives.phase():
+        with self.collectives.phase(), self.clock.waiting():
             norm = clip_grad_norm(self.params, self.spec.train.grad_clip, p.dp * p.tp)
-        with self.collectives.phase():
+        with self.collectives.phase(), self.clock.waiting():
             global_loss = self.global_loss(local)
         # The step's one host sync: loss and norm come back together (issue 12), and both
         # are checked before any parameter changes.

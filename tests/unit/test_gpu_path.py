@@ -1,0 +1,70 @@
+"""The CUDA/NCCL path on a real GPU (skipped without one; tests/conftest.py): device discovery
+agrees with torch, a one-rank NCCL process group forms on the rank's device with the failure
+handling worker/trainer/distributed.py sets, CUDA events time a step's GPU work, and with two
+GPUs a dp2 job on NCCL matches the single process."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tests.launch import train
+from tests.stack import tiny_spec
+from worker.devices import discover
+from worker.trainer.timing import CudaClock
+
+pytestmark = pytest.mark.gpu
+
+
+def test_nvml_discovery_agrees_with_torch():
+    assert len(discover()) == torch.cuda.device_count()
+
+
+def test_one_rank_nccl_group_forms_on_its_device_and_reduces(monkeypatch):
+    import torch.distributed as dist
+
+    from worker.trainer.distributed import init_distributed, shutdown_distributed
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    for var in ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_BLOCKING_WAIT"):
+        monkeypatch.delenv(var, raising=False)
+    rank, world, device = init_distributed(timeout_s=60.0)
+    try:
+        assert (rank, world, device) == (0, 1, torch.device("cuda", 0))
+        assert dist.get_backend() == "cuda:nccl,cpu:gloo"
+        assert os.environ["TORCH_NCCL_BLOCKING_WAIT"] == "0"
+        t = torch.full((4,), 3.0, device=device)
+        dist.all_reduce(t)
+        assert t.tolist() == [3.0] * 4
+    finally:
+        shutdown_distributed()
+
+
+def test_cuda_events_time_gpu_work_and_leave_out_waiting_sections():
+    # torch.cuda._sleep spins the GPU for a number of cycles: a kernel of known, fixed length
+    cycles = 50_000_000
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    alone_s = begin.elapsed_time(end) / 1e3
+    clock = CudaClock()
+    clock.start()
+    torch.cuda._sleep(cycles)  # the step's own work
+    with clock.waiting():
+        torch.cuda._sleep(3 * cycles)  # a collective the stream waits for
+    assert clock.stop() == pytest.approx(alone_s, rel=0.2)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"
+)
+def test_dp2_on_nccl_matches_one_process(tmp_path):
+    spec = tiny_spec("nccl-dp2", train={"steps": 4})
+    one = train({**spec, "parallel": {"dp": 1}}, tmp_path / "one")
+    two = train(spec, tmp_path / "two")
+    assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one], rel=1e-5)
