@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 
+from services.procs import free_port
 from tests.launch import train
 from tests.stack import tiny_spec
 from worker.devices import discover
@@ -27,20 +28,31 @@ def test_one_rank_nccl_group_forms_on_its_device_and_reduces(monkeypatch):
 
     from worker.trainer.distributed import init_distributed, shutdown_distributed
 
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(var, raising=False)
-    for var in ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_BLOCKING_WAIT"):
-        monkeypatch.delenv(var, raising=False)
+    # set through monkeypatch, so what init_distributed writes is undone after the test
+    world_env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    for var, value in {**world_env, "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setenv("TORCH_NCCL_BLOCKING_WAIT", "1")  # what the trainer must turn off
+    monkeypatch.setenv("TORCH_NCCL_ENABLE_MONITORING", "0")
+    monkeypatch.setenv("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "1")
+    monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
     rank, world, device = init_distributed(timeout_s=60.0)
     try:
         assert (rank, world, device) == (0, 1, torch.device("cuda", 0))
         assert dist.get_backend() == "cuda:nccl,cpu:gloo"
-        assert os.environ["TORCH_NCCL_BLOCKING_WAIT"] == "0"
+        nccl = {k: v for k, v in os.environ.items() if k.startswith("TORCH_NCCL_")}
+        assert nccl == {
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+            "TORCH_NCCL_BLOCKING_WAIT": "0",
+            "TORCH_NCCL_ENABLE_MONITORING": "1",
+            "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "120",
+        }
         t = torch.full((4,), 3.0, device=device)
         dist.all_reduce(t)
         assert t.tolist() == [3.0] * 4
     finally:
         shutdown_distributed()
+        os.environ.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING", None)  # set by the trainer, not here
 
 
 def test_cuda_events_time_gpu_work_and_leave_out_waiting_sections():
