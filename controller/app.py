@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 import redis
-from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
@@ -156,9 +156,32 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
             }
         },
     )
-    async def submit(request: Request, who: Principal = submitter) -> dict:
+    async def submit(
+        request: Request,
+        response: Response,
+        who: Principal = submitter,
+        idempotency_key: Annotated[
+            str | None,
+            Header(
+                description="names this submission: a retry with the same key (same token) "
+                "returns the job the first one made, with 200 instead of 201",
+                json_schema_extra={"pattern": jobs.IDEMPOTENCY_KEY_RE.pattern},
+            ),
+        ] = None,
+    ) -> dict:
         """Submit a job spec (JSON, `Content-Type: application/json`). 201 with the job id;
         422 lists every problem. The job's owner is the token's name."""
+        if idempotency_key is not None and not jobs.IDEMPOTENCY_KEY_RE.match(idempotency_key):
+            raise ApiError(
+                422,
+                "invalid Idempotency-Key header",
+                [
+                    {
+                        "field": "header.Idempotency-Key",
+                        "message": "use 1 to 128 of A-Z a-z 0-9 . _ : -, like a UUID",
+                    }
+                ],
+            )
         data = await _read_json(request)
         try:
             spec = parse_spec(data)
@@ -180,8 +203,18 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
                 [{"field": p.field, "message": p.message} for p in e.problems],
             ) from None
         # Redis is blocking I/O
-        job = await run_in_threadpool(jobs.submit, ctl.store, spec, who.name)
-        return {"id": job.id, "phase": job.phase}
+        jid, created = await run_in_threadpool(
+            jobs.submit,
+            ctl.store,
+            spec,
+            who.name,
+            idempotency_key,
+            ctl.cfg.retention.job_retention_s,
+        )
+        if not created:
+            response.status_code = 200
+            return {"id": jid, "phase": (await run_in_threadpool(load_job, jid)).phase}
+        return {"id": jid, "phase": "Pending"}  # what every new job is
 
     @app.get(
         "/v1/jobs",

@@ -173,11 +173,28 @@ def new_job_id(name: str) -> str:
     return f"{name[:57]}-{secrets.token_hex(3)}"
 
 
-def submit(store: Store, spec: JobSpec, owner: str) -> Job:
+IDEMPOTENCY_KEY_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def submit(
+    store: Store, spec: JobSpec, owner: str, idempotency_key: str | None = None, ttl_s: float = 0
+) -> tuple[str, bool]:
     """Store a validated spec (normalized: presets expanded, defaults filled) as a new job of
-    `owner` (the submitting token's name; written once, like the spec)."""
+    `owner` (the submitting token's name; written once, like the spec). Returns the job id and
+    whether it is new.
+
+    With an `idempotency_key` (the API's Idempotency-Key header), the first submission of
+    `owner` under that key creates the job and every later one returns the same id for `ttl_s`
+    (the job retention): a client that lost the answer, or the operator restarted before it
+    wrote status.jobID, submits again without making a second job. The key is claimed with
+    SET NX before the job is written, so two racing submissions make one job."""
+    jid = new_job_id(spec.name)
+    if idempotency_key is not None:
+        key = store.keys.idempotency(owner, idempotency_key)
+        if not store.r.set(key, jid, nx=True, ex=max(1, int(ttl_s))):
+            return store.r.get(key) or jid, False
     now = store.now()
-    job = Job(id=new_job_id(spec.name), name=spec.name, spec=spec, submitted_at=now, owner=owner)
+    job = Job(id=jid, name=spec.name, spec=spec, submitted_at=now, owner=owner)
     p = spec.parallel
     job.set(
         "Admitted",
@@ -208,4 +225,4 @@ def submit(store: Store, spec: JobSpec, owner: str) -> Job:
             "source": "api",
         },
     )
-    return job
+    return job.id, True

@@ -115,9 +115,10 @@ def submit(
         return  # submitted before an operator restart (the timer follows it), or refused
     gen = meta.get("generation")
     spec = job_spec(body["spec"].get("name") or meta["name"], dict(body["spec"]))
-    adopted = _adopt(memo.client, spec["name"], meta.get("creationTimestamp"))
     try:
-        job_id = adopted or memo.client.submit(spec).id
+        # the object's UID names the submission: an operator that died before it wrote
+        # status.jobID gets the same job back instead of a second one
+        job_id = memo.client.submit(spec, idempotency_key=meta.get("uid")).id
     except ApiError as e:
         if e.status == 422:  # the spec is wrong: say which field, never retry
             why = "; ".join(f"{p.field}: {p.message}" for p in e.problems) or str(e)
@@ -146,19 +147,6 @@ def submit(
         body, type="Normal", reason="Submitted", message=f"job {job_id} submitted to the controller"
     )
     logger.info("submitted %s as job %s", meta["name"], job_id)
-
-
-def _adopt(client: Client, name: str, created: str | None) -> str | None:
-    """A job this object already submitted (the operator died before writing status.jobID)."""
-    if not created:
-        return None
-    since = dt.datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp()
-    mine = [
-        j
-        for j in client.jobs(limit=1000)
-        if j.name == name and (j.submitted_at or 0) >= since and j.phase not in TERMINAL
-    ]
-    return mine[-1].id if mine else None
 
 
 def mirror(

@@ -82,8 +82,10 @@ class Client:
         except (ValueError, ValidationError) as e:
             raise ApiError(f"unexpected answer from {path}: {e}", r.status_code) from None
 
-    def submit(self, spec: dict) -> api.Submitted:
-        return self._call("POST", "/v1/jobs", api.Submitted, json=spec)
+    def submit(self, spec: dict, idempotency_key: str | None = None) -> api.Submitted:
+        """`idempotency_key`: a retry with the same key returns the job the first call made."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self._call("POST", "/v1/jobs", api.Submitted, json=spec, headers=headers)
 
     def jobs(self, phase: str | None = None, limit: int = 100) -> list[api.JobSummary]:
         params = {"limit": limit, **({"phase": phase} if phase else {})}

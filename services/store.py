@@ -95,6 +95,10 @@ class Keys:
         j = self.job(jid)
         return [j, f"{j}:assignment", f"{j}:checkpoint", f"{j}:events", f"{j}:history"]
 
+    def idempotency(self, owner: str, key: str) -> str:
+        """The job id an owner's Idempotency-Key names (controller/jobs.py `submit`)."""
+        return f"{self.prefix}idempotency:{owner}:{key}"
+
     def jobs_seq(self) -> str:
         return f"{self.prefix}jobs:seq"
 

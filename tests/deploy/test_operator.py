@@ -279,6 +279,25 @@ async def test_create_submits_the_job_and_writes_conditions(
 
 
 @pytest.mark.asyncio
+async def test_an_operator_that_died_after_submitting_adopts_its_job(
+    kmock, run_operator, controller_url, api_token
+):
+    """The operator submits under the TrainingJob's UID (an Idempotency-Key): a job already
+    submitted for this object, by an operator that died before writing status.jobID, is the
+    one it records; no second job, whatever the clocks or names say."""
+    spec = operator.job_spec("adopted", dict(SPEC))
+    with Client(controller_url, api_token) as c:
+        earlier = c.submit(spec, idempotency_key="uid-adopted").id
+        before = len(c.jobs(limit=1000))
+    await run_operator(controller_url)
+    await create_tj(kmock, "adopted")  # its metadata.uid is uid-adopted
+    job_id = await eventually(lambda: status(kmock, "adopted").get("jobID"), "status.jobID")
+    assert job_id == earlier
+    with Client(controller_url, api_token) as c:
+        assert len(c.jobs(limit=1000)) == before
+
+
+@pytest.mark.asyncio
 async def test_delete_cancels_the_job_and_releases_the_object(
     kmock, run_operator, controller_url, api_token
 ):

@@ -58,7 +58,7 @@ def job_of(store: Store, name: str, owner: str = "alice", dp: int = 1) -> str:
             "train": {"steps": 100, "global_batch": 12},
         }
     )
-    return submit(store, spec, owner).id
+    return submit(store, spec, owner)[0]
 
 
 def running(store: Store, jid: str) -> dict:

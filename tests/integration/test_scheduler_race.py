@@ -63,7 +63,7 @@ def tiny_job(store: Store, name: str, dp: int = 1, **fault_tolerance) -> str:
         "train": {"steps": 100, "global_batch": 2 * dp},
         "fault_tolerance": {"spares": 0, "min_dp": 1, **fault_tolerance},
     }
-    return submit(store, parse_spec(spec), owner="tester").id
+    return submit(store, parse_spec(spec), owner="tester")[0]
 
 
 def job(store: Store, jid: str) -> Job:
