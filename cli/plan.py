@@ -13,6 +13,7 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import fields
 
 from rich.table import Table
 
@@ -117,16 +118,7 @@ def measure(c: Client, spec: JobSpec, plans: list[api.PlanDoc], steps: int, out)
     base = spec.model_dump(mode="json")
     rates = []
     for i, p in enumerate(plans):
-        layout = planner.Layout(
-            p.dp,
-            p.pp,
-            p.tp,
-            p.zero,
-            p.microbatches,
-            p.virtual_stages,
-            p.activation_checkpointing,
-            p.pp_schedule,
-        )
+        layout = planner.Layout(**{f.name: getattr(p, f.name) for f in fields(planner.Layout)})
         run = {
             **base,
             "name": f"{spec.name[:50]}-plan{i + 1}",

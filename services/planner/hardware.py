@@ -8,7 +8,7 @@ per device and per direction: what one rank can push through its link tier at on
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 GB = 10**9
@@ -87,21 +87,8 @@ H100_80GB = DeviceProfile(
     usable_fraction=0.9,
 )
 
-H200_141GB = DeviceProfile(
-    name="h200-141gb",
-    memory_bytes=141 * GB,
-    flops={"fp32": 67e12, "bf16": 989e12},
-    gemm_efficiency=0.6,
-    memory_bw=4.8e12,
-    intra_host_bw=450 * GB,  # NVLink 4: 900 GB/s bidirectional
-    inter_host_bw=50 * GB,  # one NDR 400 Gb/s InfiniBand port per GPU (DGX H200)
-    intra_host_latency_s=10e-6,
-    inter_host_latency_s=20e-6,
-    runtime_bytes=2 * GiB,
-    op_overhead_s=5e-6,
-    comm_overlap=1.0,
-    usable_fraction=0.9,
-)
+# the H100's compute and links with more, faster memory (HBM3e)
+H200_141GB = replace(H100_80GB, name="h200-141gb", memory_bytes=141 * GB, memory_bw=4.8e12)
 
 PROFILES: dict[str, DeviceProfile] = {p.name: p for p in (CPU, A100_80GB, H100_80GB, H200_141GB)}
 
