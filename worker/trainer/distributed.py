@@ -27,6 +27,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+from collections.abc import Mapping
 from datetime import timedelta
 
 import torch
@@ -78,7 +79,7 @@ def cuda_device(local_rank: int, visible: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def nccl_environment(timeout_s: float, environ: dict[str, str] | os._Environ) -> dict[str, str]:
+def nccl_environment(timeout_s: float, environ: Mapping[str, str]) -> dict[str, str]:
     """The ProcessGroupNCCL variables to set before the group is created (see the module
     docstring for why each); an operator's own TORCH_NCCL_ASYNC_ERROR_HANDLING is kept."""
     return {
