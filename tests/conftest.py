@@ -43,8 +43,8 @@ def stack(shared_stack: Stack) -> Stack:
 
 @pytest.fixture(scope="session")
 def uninterrupted(tmp_path_factory) -> Callable[[dict], list[dict]]:
-    """spec -> rank 0's step records of the same training run under plain torchrun
-    (standalone, no controller, nothing killed), checkpointing as the spec says. Trained once
+    """spec -> rank 0's step records of the same training run as plain local ranks
+    (tests/rankrun.py: no controller, nothing killed), checkpointing as the spec says. Trained once
     per distinct training spec (tests/launch.py `training_key`) in the session."""
     cache: dict[str, list[dict]] = {}
 

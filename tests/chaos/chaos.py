@@ -3,7 +3,7 @@ stitched loss curve of a job that went through several generations.
 
 The stitched curve: for every step, the record of the newest generation that ran it, read
 from rank 0's metrics file of each generation (`{run_dir}/jobs/{job}/g{gen}/metrics-0.jsonl`
-on whichever worker hosted rank 0 then). It is compared with an uninterrupted torchrun run of
+on whichever worker hosted rank 0 then). It is compared with an uninterrupted standalone run of
 the same spec (tests/launch.py), bit for bit when the mesh never changed.
 """
 

@@ -3,7 +3,7 @@ reads the REST status (and the events), and the trainers' own metrics files for 
 
 For each scenario: the job reaches Succeeded, the stitched loss curve (rank 0's records,
 newest generation per step) has every step exactly once per generation with no gap, and it
-equals an uninterrupted torchrun run of the same spec: bit for bit on an unchanged mesh,
+equals an uninterrupted standalone run of the same spec: bit for bit on an unchanged mesh,
 rtol 1e-5 after a reshape.
 """
 

@@ -7,7 +7,7 @@ controller that judges silence naively declares healthy workers dead (a false re
 restart spent, a new generation). Silence is judged against Redis's own availability as the
 controller sees it (controller/availability.py); these tests hold it to that with real
 processes: each job ends Succeeded in generation 1, no restart counted, no recovery recorded,
-and its loss curve bit for bit equal to an uninterrupted torchrun run of the same spec.
+and its loss curve bit for bit equal to an uninterrupted standalone run of the same spec.
 
 The jobs run 300 tiny steps (not the chaos suite's 25): the trainers do not pause while Redis
 is stopped, and the job has to still be training after the last fault, in the window where a
