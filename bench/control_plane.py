@@ -32,6 +32,12 @@ def local_stack(workers: int, warm: int = 1) -> Iterator[tuple[LocalStack, Clien
             stack.start()
             with Client(stack.url, stack.secrets.admin_token) as client:
                 yield stack, client
+        except BaseException:
+            # the run dir goes with the temp dir: show the controller's last words first
+            log = stack.logs / "controller.log"
+            if log.exists():
+                print(f"--- {log} (tail)\n{log.read_text(errors='replace')[-3000:]}")
+            raise
         finally:
             stack.stop()
 
