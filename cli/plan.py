@@ -27,11 +27,21 @@ GiB = 2**30
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
 
 
+def positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1 (got {text!r})")
+    return n
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="rank the parallel layouts of a spec on a cluster")
     p.add_argument("spec")
-    p.add_argument("--workers", type=int, required=True, help="hosts")
-    p.add_argument("--devices-per-worker", type=int, default=1)
+    p.add_argument("--workers", type=positive, required=True, help="hosts")
+    p.add_argument("--devices-per-worker", type=positive, default=1)
     p.add_argument("--device", default="cpu", choices=sorted(planner.PROFILES))
     p.add_argument(
         "--memory-per-device-gib",

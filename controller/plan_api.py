@@ -60,8 +60,8 @@ def router(ctl: Controller, reader: params.Depends) -> APIRouter:
             return _unprocessable([Problem(f"spec.{p.field}", p.message) for p in e.problems])
         try:
             where = await run_in_threadpool(_cluster, ctl, body)
+            return await run_in_threadpool(planner.report, spec, where)
         except SpecError as e:
             return _unprocessable(e.problems)
-        return await run_in_threadpool(planner.report, spec, where)
 
     return r

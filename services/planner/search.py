@@ -9,19 +9,24 @@ usable memory of a device; feasible plans rank by estimated step time, then memo
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from services.planner.cost import StepCost, step_cost
 from services.planner.layout import Cluster, Layout
 from services.planner.memory import MemoryAnatomy, rank_memory
-from services.spec import JobSpec
+from services.spec import JobSpec, Problem, SpecError
 
 GiB = 2**30
+# Bounds one search (seconds at most): Llama 3 405B on 16,384 GPUs weighs 34,384 layouts
+MAX_CANDIDATES = 60_000
 
 
 def divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+    """Ascending; O(sqrt n), since a batch may be 10**7 (an API caller's choice)."""
+    small = [k for k in range(1, int(n**0.5) + 1) if n % k == 0]
+    return small + [n // k for k in reversed(small) if k * k != n]
 
 
 @dataclass(frozen=True)
@@ -175,10 +180,22 @@ def candidates(spec: JobSpec, cluster: Cluster) -> Iterator[Layout]:
 
 def search(spec: JobSpec, cluster: Cluster) -> list[Plan]:
     """Every feasible plan, best (fastest, then smallest) first. Memory is checked before the
-    step is costed: most candidates of a large model do not fit, and costing is the dearer half."""
+    step is costed: most candidates of a large model do not fit, and costing is the dearer half.
+    SpecError when there are more than MAX_CANDIDATES layouts to weigh."""
     capacity = int(cluster.memory_per_device * cluster.device.usable_fraction)
+    layouts = list(itertools.islice(candidates(spec, cluster), MAX_CANDIDATES + 1))
+    if len(layouts) > MAX_CANDIDATES:
+        raise SpecError(
+            [
+                Problem(
+                    "train.global_batch",
+                    f"more than {MAX_CANDIDATES} layouts to weigh on {cluster.devices} "
+                    "devices; plan for fewer workers, or a global batch with fewer divisors",
+                )
+            ]
+        )
     plans = []
-    for lay in candidates(spec, cluster):
+    for lay in layouts:
         memory = rank_memory(spec, lay, cluster)
         if memory.total <= capacity:
             plans.append(Plan(lay, memory, step_cost(spec, lay, cluster), capacity, ()))

@@ -8,7 +8,7 @@ import pytest
 from services.planner import Layout, cluster, evaluate, search
 from services.planner.cost import bubble_fraction
 from services.planner.memory import rank_memory
-from services.spec import JobSpec, parse_spec
+from services.spec import JobSpec, SpecError, parse_spec
 
 GB = 10**9
 
@@ -109,3 +109,10 @@ def test_llama3_405b_on_16384_h100s_finds_tp8_pp16_dp128_near_the_top():
     s = spec({**model, "ffn_hidden": 43008}, {"precision": "bf16"}, batch=2048)  # 16M tokens
     assert 4.0e11 < s.model.params < 4.2e11
     _near_top(s, cluster("h100-80gb", 2048, 8), (128, 16, 8))
+
+
+def test_a_search_too_large_to_weigh_is_refused_naming_the_field():
+    s = spec({"preset": "tiny"}, batch=10**7)
+    with pytest.raises(SpecError) as e:
+        search(s, cluster("cpu", 65536, 1024, 2**34))
+    assert [p.field for p in e.value.problems] == ["train.global_batch"]
