@@ -109,7 +109,10 @@ def nearest(spec: JobSpec, plans: list[planner.Plan]) -> planner.Plan | None:
 def _suggest(spec: JobSpec, pool: list[PoolWorker]) -> str:
     spares = spec.fault_tolerance.spares
     usable = pool[: max(1, len(pool) - spares)]
-    best = nearest(spec, planner.search(spec, pool_cluster(usable)))
+    try:
+        best = nearest(spec, planner.search(spec, pool_cluster(usable)))
+    except SpecError:  # too many layouts to weigh: the refusal stands without a suggestion
+        return "too many layouts to suggest one"
     if best is None:
         return "no layout of this model fits the pool"
     return f"the nearest layout that fits: parallel: {_parallel_yaml(best.layout)}"
