@@ -7,13 +7,14 @@ from tests.launch import ROOT
 
 
 def test_tp_blocks_match_unsharded():
+    # tests/rankrun.py, not torchrun: its launcher would import torch first (~2 s of CPU)
     cmd = [
         sys.executable,
         "-m",
-        "torch.distributed.run",
-        "--standalone",
+        "tests.rankrun",
         "--nproc-per-node=2",
-        str(ROOT / "tests/numerics/tp_block_check.py"),
+        "-m",
+        "tests.numerics.tp_block_check",
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)

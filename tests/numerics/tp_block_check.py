@@ -1,4 +1,4 @@
-"""Run under torchrun (2 ranks): TP-sharded Attention / MLP vs the unsharded block.
+"""Run as 2 ranks (tests/rankrun.py or torchrun): TP-sharded Attention / MLP vs unsharded.
 
 Prints one JSON line per block on rank 0 with the L2 differences of the output and of
 every weight gradient (sharded gradients gathered with full_tensor()).
