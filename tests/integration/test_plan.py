@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import yaml
 
 from tests.integration.conftest import WORKERS, tiny_spec, wait_phase
@@ -46,6 +47,7 @@ def test_an_auto_spec_is_stored_with_the_planned_layout(stack):
     wait_phase(c, job, ("Cancelled",), 60)
 
 
+@pytest.mark.slow
 def test_measure_runs_the_top_plans_and_prints_the_models_choice_and_the_fastest(stack, tmp_path):
     spec = tmp_path / "tiny.yaml"
     spec.write_text(yaml.safe_dump(tiny_spec("measure")))
@@ -53,7 +55,7 @@ def test_measure_runs_the_top_plans_and_prints_the_models_choice_and_the_fastest
         "plan",
         str(spec),
         "--workers",
-        "2",
+        "1",  # one-rank candidates: the cheapest jobs the pool can run
         "--measure",
         "2",
         "--measure-steps",
