@@ -35,7 +35,7 @@ from worker.progress import counters_path, read_counters
 
 pytestmark = pytest.mark.slow
 
-STOP_AT = 8  # steps into generation 1 (of 15): past the first commit, before the second
+STOP_AT = 8  # stopped from this step on (of 15): past the first commit (step 5)
 VICTIM = 3
 
 
@@ -68,20 +68,27 @@ def test_watchdog_aborted_survivors_are_collateral_and_the_stopped_rank_is_blame
     try:
         entered, _ = stop_between_collectives(victim.pid, lambda: read_counters(files[VICTIM]))
 
-        # every survivor blocked inside the next collective phase, and the controller has seen
-        # it all (counters and the stopped state), as it would have before any watchdog fired
+        # the survivors blocked: the counters settled, some survivor past the stopped rank
+        # (the others wait in its phase, or in a checkpoint's collectives between phases),
+        # and the controller has seen it all (counters and the stopped state), as it would
+        # have before any watchdog fired
         last: dict[int, tuple] = {}  # rank -> (file counters, reported entered, left, state)
 
         def waiting() -> bool:
+            before = {r: v[0] for r, v in last.items()}
             seen = {r.rank: r for r in w.poll().mesh.ranks}
             for r, f in files.items():
                 s = seen[r]
                 last[r] = (read_counters(f), s.coll_entered, s.coll_left, s.proc_state)
-            inside = ((entered + 1, entered), entered + 1, entered)
-            return last[VICTIM][3] == "T" and all(last[r.rank][:3] == inside for r in survivors)
+            return (
+                before == {r: v[0] for r, v in last.items()}
+                and all(v[0] == v[1:3] for v in last.values())
+                and max(last[r.rank][0][0] for r in survivors) > entered
+                and last[VICTIM][3] == "T"
+            )
 
         try:
-            wait_until(waiting, 60, "the survivors waiting in the phase after the victim's")
+            wait_until(waiting, 90, "the survivors blocked behind the stopped rank", every=1.0)
         except AssertionError as e:
             raise AssertionError(f"{e}; victim stopped at {entered}; seen {last}") from None
         for r in survivors:  # what each survivor's NCCL watchdog does at the timeout
