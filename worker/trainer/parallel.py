@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -163,6 +164,17 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, zero: int, precision: str)
         reduce_dtype=torch.float32 if precision == "bf16" else None,
     )
     if zero == 0:
+        if precision == "fp32" and dp_mesh.size() == dist.get_world_size():
+            # The whole world is data parallel: DDP's own reducer (composable `replicate`, as
+            # torchtitan does for 1D meshes), which overlaps its bucketed all-reduces with
+            # backward and copies no parameters. FSDP2's replicate copies every parameter in
+            # and every gradient out each step, and on CPU blocks backward in each group's
+            # all-reduce: 0.85-0.9 of DDP at dp2 (bench/throughput.py). It wraps lazily, at
+            # the first forward, so the meta-device model is materialized by then.
+            from torch.distributed._composable.replicate import replicate as ddp
+
+            ddp(model, device_mesh=dp_mesh)
+            return
         from torch.distributed._composable.replicate_with_fsdp import replicate
 
         for block in model.layers.values():
