@@ -119,8 +119,13 @@ class Retention:
             for index in (keys.workers_seen(), keys.workers_gone())
             for wid in self.store.r.zrangebyscore(index, "-inf", cutoff, 0, self.cfg.batch)
         ]
-        assigned = self.store.assignments(stale)
-        forgotten = [w for w in dict.fromkeys(stale) if not assigned[w].get("job")]
+        stale = list(dict.fromkeys(stale))
+        assigned, seen = self.store.assignments(stale), self.store.last_seen(stale)
+        # not one that beats again (a worker listed as gone is only forgotten if silent too:
+        # agents may write `workers:gone`), nor one an assignment still names
+        forgotten = [
+            w for w in stale if not assigned[w].get("job") and seen.get(w, cutoff) <= cutoff
+        ]
         for wid in forgotten:
             tx = Tx().delete(*keys.worker_keys(wid))
             tx.zrem(keys.workers_seen(), wid).zrem(keys.workers_gone(), wid)

@@ -255,6 +255,7 @@ def agent_acl(prefix: str, wid: str) -> list[str]:
         f"%R~{me}:assignment",
         f"%R~{me}:health",  # controller-written: read only
         f"%RW~{prefix}workers:seen",
+        f"%RW~{prefix}workers:gone",  # a clean stop moves the agent here (deregister_worker)
         # one pattern must grant all a command needs: the CAS (EVALSHA) needs RW on its key
         f"%R~{prefix}job:*",
         f"%W~{prefix}job:*:events",
