@@ -86,6 +86,9 @@ def train(
 ) -> list[dict]:
     """Run the spec to the end; return rank 0's step records."""
     run_trainer(spec, directory, extra=extra, timeout=timeout)
+    # one metrics file for every rank: no shared collective-counter file (each rank truncating
+    # the one the others had mapped killed ranks with SIGBUS; worker/trainer/main.py)
+    assert not (directory / "steps.jsonl.collectives").exists()
     return step_records(directory)
 
 
