@@ -55,7 +55,7 @@ def decide(ctx: Pass, view: JobView, seen: dict[str, float] | None) -> Decision 
         health.dead_or_killed(ranks, seen, ft.dead_after_s, ctx.now)
         or aborts.blame_after_aborts(ranks, ctx.now)
         or (health.hangs(ranks, ft.hang_after_s, ctx.now) if seen is not None else [])
-        or health.collateral_only(ranks, ctx.now)
+        or health.collateral_only(ranks, ctx.now, seen)
     )
     if faults:
         return recover(ctx, view, faults)

@@ -117,12 +117,24 @@ def out_of_memory(ranks: list[RankStatus]) -> str | None:
     return None
 
 
-def collateral_only(ranks: list[RankStatus], now: float) -> list[FaultRecord]:
-    """Ranks that failed with an error and no root cause was found: restart them in place."""
+def collateral_only(
+    ranks: list[RankStatus], now: float, seen: dict[str, float] | None = None
+) -> list[FaultRecord]:
+    """Ranks that failed with an error and no root cause was found: restart them in place.
+
+    Not while a worker of the job has been silent since the first failure (`seen`: last
+    beats): a peer whose host died makes the others fail within milliseconds, long before
+    `dead_after_s` names it, and a restart in place would land on the dead worker and cost a
+    second recovery. Every live agent beats within its heartbeat interval, so this waits at
+    most that long, or until `dead_or_killed` blames the silent one."""
+    failed = [r for r in ranks if r.state == "failed"]
+    if failed and seen is not None:
+        first = min(_num(r.exited_at, now) for r in failed)
+        if any(seen.get(r.worker, float("-inf")) < first for r in ranks):
+            return []
     return [
         fault("TrainerFailed", r, _num(r.exited_at, now), f"trainer exited with code {r.exit_code}")
-        for r in ranks
-        if r.state == "failed"
+        for r in failed
     ]
 
 

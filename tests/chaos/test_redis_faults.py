@@ -29,16 +29,12 @@ from __future__ import annotations
 import inspect
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from cli.local_stack import wait_ready
-from services.client import Client
-from services.procs import descendants, free_port
+from services.procs import free_port
 from services.store import Store
 from tests.chaos.chaos import (
     assert_curve,
@@ -51,7 +47,8 @@ from tests.chaos.chaos import (
     succeeded,
     wait_record,
 )
-from tests.stack import ENV, ROOT, wait_until
+from tests.chaos.upstack import UpStack
+from tests.stack import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -121,81 +118,6 @@ def test_redis_stall_causes_no_recovery(stack, uninterrupted):
 
 
 # -- 2 ------------------------------------------------------------------------------------
-class UpStack:
-    """`meshkeeper up` as the user runs it, seen through the attributes the chaos helpers use
-    (`work`, `client`, `job_dir`, `logs`): it lays out its run dir like the test stack."""
-
-    def __init__(self, run: Path, port: int):
-        self.work, self.url = run, f"http://127.0.0.1:{port}"
-        self.log = run.parent / "up.log"
-        env = {k: v for k, v in ENV.items() if k != "REDIS_URL"}
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "cli",
-                    "up",
-                    "--workers",
-                    "2",
-                    "--warm",
-                    "1",
-                    "--port",
-                    str(port),
-                    "--run-dir",
-                    str(run),
-                ],
-                cwd=ROOT,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        token = (
-            run / "secrets" / "api-token"
-        )  # the admin token `up` generates before it starts anything
-        wait_until(
-            lambda: token.exists() and token.read_text().strip(), 30, f"{token} (see {self.log})"
-        )
-        self.token = token.read_text().strip()
-        self.client = Client(self.url, self.token)
-
-    def job_dir(self, wid: str, job: str, generation: int = 1) -> Path:
-        return self.work / "workers" / wid / "jobs" / job / f"g{generation}"
-
-    def redis_pid(self) -> int | None:
-        for pid in descendants(self.proc.pid):
-            try:
-                if Path(f"/proc/{pid}/comm").read_text().strip() == "redis-server":
-                    return pid
-            except OSError:
-                pass
-        return None
-
-    def logs(self) -> str:
-        out = [f"--- up\n{self.log.read_text(errors='replace')[-1500:]}"]
-        for name in ("controller", "redis"):
-            f = self.work / "logs" / f"{name}.log"
-            if f.exists():
-                out.append(f"--- {name}\n{f.read_text(errors='replace')[-1500:]}")
-        return "\n".join(out)
-
-    def close(self) -> None:
-        self.client.close()
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.send_signal(signal.SIGTERM)  # `up` stops agents, controller, Redis in order
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                for pid in [self.proc.pid, *descendants(self.proc.pid)]:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                self.proc.wait()
-
-
 def test_redis_restart_under_meshkeeper_up(tmp_path, uninterrupted):
     """SIGKILL the redis-server `meshkeeper up` runs, mid-job; `up` restarts it on the same
     port from its append-only file. `up` is held (SIGSTOP) for 2 x dead_after_s first, so Redis
@@ -204,19 +126,9 @@ def test_redis_restart_under_meshkeeper_up(tmp_path, uninterrupted):
     spec = spec_for("redis-restart", spares=0)  # `up --workers 2`: both workers train
     dead_after = spec["fault_tolerance"]["dead_after_s"]
     want = uninterrupted(spec)
-    up = UpStack(tmp_path / "run", free_port())
+    up = UpStack(tmp_path / "run", free_port(), workers=2)
     try:
-        assert wait_ready(
-            up.url,
-            2,
-            120,
-            lambda: (
-                None
-                if up.proc.poll() is None
-                else pytest.fail(f"meshkeeper up exited:\n{up.logs()}")
-            ),
-            up.token,
-        ), up.logs()
+        up.wait_ready(2)
         w, j1 = start(up, spec)
         m0 = metrics_path(up, j1, 0)
         wait_record(m0, at_step(3), 120, "rank 0 at step 3")
