@@ -71,20 +71,15 @@ A100_80GB = DeviceProfile(
     usable_fraction=0.9,
 )
 
-H100_80GB = DeviceProfile(
+# Hopper's compute, memory and links; latencies, runtime and overlap as the A100's
+H100_80GB = replace(
+    A100_80GB,
     name="h100-80gb",
-    memory_bytes=80 * GB,
     flops={"fp32": 67e12, "bf16": 989e12},
     gemm_efficiency=0.6,
     memory_bw=3.35e12,
     intra_host_bw=450 * GB,  # NVLink 4: 900 GB/s bidirectional
     inter_host_bw=50 * GB,  # one NDR 400 Gb/s InfiniBand port per GPU (DGX H100)
-    intra_host_latency_s=10e-6,
-    inter_host_latency_s=20e-6,
-    runtime_bytes=2 * GiB,
-    op_overhead_s=5e-6,
-    comm_overlap=1.0,
-    usable_fraction=0.9,
 )
 
 # the H100's compute and links with more, faster memory (HBM3e)

@@ -94,3 +94,23 @@ def test_every_rank_aborted_blames_nobody_and_restarts_in_place():
 
 def test_nothing_aborted_blames_nobody():
     assert blamed([rank(0, 25, 24), rank(1, 24, 24, proc_state="T")]) == []
+
+
+# -- a failure with no root cause waits for a silent peer's death to be named first ----------
+def failed_and_silent_peer() -> list[RankStatus]:
+    return [
+        rank(0, 25, 24, state="failed", exit_code=1, exited_at=NOW - 0.3),
+        rank(1, 25, 24),
+    ]
+
+
+def test_collateral_waits_while_a_peer_has_not_beaten_since_the_failure():
+    # w1 last beat before w0's trainer failed: it may be the dead host that took w0 down
+    seen = {"w0": NOW - 0.1, "w1": NOW - 0.6}
+    assert health.collateral_only(failed_and_silent_peer(), NOW, seen) == []
+
+
+def test_collateral_restarts_once_every_worker_beat_after_the_failure():
+    seen = {"w0": NOW - 0.1, "w1": NOW - 0.2}
+    faults = health.collateral_only(failed_and_silent_peer(), NOW, seen)
+    assert [(f.cause, f.rank) for f in faults] == [("TrainerFailed", 0)]
