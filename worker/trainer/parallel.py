@@ -11,7 +11,8 @@ Concessions, each on purpose:
   and FSDP here only place parameters, never move data.
 - `zero` levels map onto FSDP2 exactly:
     0  replicate: full parameters, gradients and optimizer state on every DP rank;
-       gradients all-reduced (FSDP2-based `replicate`, i.e. DDP semantics).
+       gradients all-reduced. DDP's own reducer (composable `replicate`) when the whole
+       world is data parallel in fp32, FSDP2's `replicate` otherwise (`apply_fsdp`).
     2  shard gradients + optimizer state: `fully_shard(reshard_after_forward=False)`;
        parameters stay gathered between forward and backward (ZeRO-2).
     3  full shard: parameters re-sharded after forward, gathered again for backward.
