@@ -141,7 +141,11 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
         status_code=201,
         tags=["jobs"],
         response_model=api.Submitted,
-        responses={**denied, **_errors(413, 415)},
+        responses={
+            **denied,
+            **_errors(413, 415),
+            200: {"model": api.Submitted, "description": "a retry: the Idempotency-Key's job"},
+        },
         openapi_extra={
             "requestBody": {
                 "required": True,

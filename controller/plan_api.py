@@ -50,7 +50,12 @@ def _cluster(ctl: Controller, body: api.PlanRequest) -> planner.Cluster:
 def router(ctl: Controller, reader: params.Depends) -> APIRouter:
     r = APIRouter(tags=["plan"])
 
-    @r.post("/v1/plan", response_model=api.PlanResult, dependencies=[reader])
+    @r.post(
+        "/v1/plan",
+        response_model=api.PlanResult,
+        dependencies=[reader],
+        responses={status: {"model": api.Error} for status in (401, 403, 422)},
+    )
     async def plan(body: api.PlanRequest) -> dict | JSONResponse:
         """Every feasible layout of the spec on the cluster, best (fastest) first, and the
         spec's own layout costed as `given` (null when the spec says parallel.auto)."""

@@ -70,9 +70,7 @@ def reference(uninterrupted) -> list[float]:
 def test_loss_parity(layout, reference, uninterrupted):
     spec = copy.deepcopy(BASE)
     spec["parallel"] = LAYOUTS[layout]
-    # a session run: the planner's memory test (tests/integration/test_plan_memory.py) reads
-    # the peak memory of these same runs
-    records = uninterrupted(spec)
+    records = uninterrupted(spec)  # a session run: any suite comparing against it shares it
     for step, (got, want) in enumerate(
         zip((r["loss"] for r in records), reference, strict=True), 1
     ):

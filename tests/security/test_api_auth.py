@@ -46,6 +46,7 @@ ALLOWED = {
     ("GET", "/metrics"): METRICS,
     ("GET", "/v1/sd/workers"): METRICS,
     ("POST", "/v1/agents/join"): JOIN,
+    ("POST", "/v1/plan"): READ,
 }
 OPEN = {("GET", "/healthz"), ("GET", "/readyz")}
 JOIN_BODY = {
@@ -74,9 +75,11 @@ def token_of(secrets: TestSecrets, role: str) -> str:
 
 
 def call(api: ApiStack, method: str, path: str, job: str, token: str | None) -> httpx.Response:
-    body = {"POST /v1/jobs": tiny_spec("auth-probe"), "POST /v1/agents/join": JOIN_BODY}.get(
-        f"{method} {path}"
-    )
+    body = {
+        "POST /v1/jobs": tiny_spec("auth-probe"),
+        "POST /v1/agents/join": JOIN_BODY,
+        "POST /v1/plan": {"spec": tiny_spec("auth-plan"), "workers": 2, "device": "cpu"},
+    }.get(f"{method} {path}")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.request(
         method, api.url + path.replace("{job_id}", job), json=body, headers=headers, timeout=10
