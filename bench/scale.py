@@ -84,6 +84,7 @@ class Sim:
         self.serving: dict[int, tuple[str, int]] = {}  # sim -> (job, generation) it runs
         self.ranks: dict[int, list[int]] = {}  # sim -> its ranks in that generation
         self.reported: dict[int, float] = {}
+        self.assignments: dict[tuple[str, int], dict[str, list[int]]] = {}  # -> wid -> ranks
         self.step = 0
 
     async def run(self) -> None:
@@ -122,12 +123,15 @@ class Sim:
             self.serving.pop(i, None)
             self.ranks.pop(i, None)
             return
-        asg = await r.hgetall(self.keys.job_assignment(job))
-        mine = [
-            int(k.split(":", 1)[1])
-            for k, v in asg.items()
-            if k.startswith("rank:") and loads(v, {}).get("wid") == wid(i)
-        ]
+        ranks_of = self.assignments.get((job, gen))
+        if ranks_of is None:  # once per generation for the whole slice, not once per sim
+            asg = await r.hgetall(self.keys.job_assignment(job))
+            ranks_of = {}
+            for k, v in asg.items():
+                if k.startswith("rank:"):
+                    ranks_of.setdefault(loads(v, {}).get("wid"), []).append(int(k[5:]))
+            self.assignments[(job, gen)] = ranks_of
+        mine = ranks_of.get(wid(i), [])
         self.serving[i], self.ranks[i], self.reported[i] = (job, gen), mine, 0.0
 
     async def _report(self, r, now: float) -> None:
