@@ -31,7 +31,6 @@ pointer in `committed.json` and prunes what falls out of it.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -67,6 +66,7 @@ from worker.ckpt_store import (
     share,
     write_digests,
 )
+from worker.trainer.distributed import rendezvous_store
 from worker.trainer.train_state import DataStream
 
 # DCP gathers every rank's failure into one CheckpointException, a BaseException.
@@ -346,13 +346,7 @@ class _VerdictBoard:
 
     def __init__(self, rank: int, world: int):
         self.rank, self.world = rank, world
-        base = dist.TCPStore(
-            os.environ["MASTER_ADDR"],
-            int(os.environ["MASTER_PORT"]),
-            is_master=False,
-            timeout=timedelta(seconds=60),
-        )
-        self.kv = dist.PrefixStore("meshkeeper/restore-verdicts", base)
+        self.kv = rendezvous_store("meshkeeper/restore-verdicts")
 
     def agree(self, key: str, mine: str, directory: Path) -> str:
         """The first non-empty verdict in rank order, once every rank posted its own."""

@@ -90,6 +90,19 @@ def nccl_environment(timeout_s: float, environ: Mapping[str, str]) -> dict[str, 
     }
 
 
+def rendezvous_store(prefix: str) -> dist.Store:
+    """A key space of its own in the world's rendezvous store (MASTER_ADDR, MASTER_PORT: fresh
+    every generation), for agreements that must not wait in a collective: a store wait has
+    its own timeout, given per call."""
+    base = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timedelta(seconds=60),
+    )
+    return dist.PrefixStore(prefix, base)
+
+
 def shutdown_distributed() -> None:
     # Pipeline sends are asynchronous: a peer may still be reading when this rank is
     # done. Quiesce first, so no gloo worker thread still holds a tensor at teardown

@@ -12,20 +12,27 @@ used as given, 3 for a non-finite loss or gradient.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from services.spec import JobSpec, SpecError, check_world_size, load_spec
 from worker.ckpt_store import CheckpointStore, read_history
 from worker.progress import Collectives, counters_path
+from worker.snapshots import SnapshotPlan
 from worker.trainer.checkpoint import Checkpointer, restored_line
 from worker.trainer.data import DataError
 from worker.trainer.distributed import init_distributed, shutdown_distributed
 from worker.trainer.metrics_file import MetricsFile
 from worker.trainer.parallel import ParallelDims, RankContext
+from worker.trainer.snapshot import Snapshotter
+from worker.trainer.snapshot_restore import restore_from_memory
+from worker.trainer.snapshot_state import capture
 from worker.trainer.step import NonFiniteError, StepResult, Trainer
 from worker.trainer.train_state import DataStream, ResumeRefused
 
@@ -58,6 +65,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "newest first (the agent writes it from Redis); without it a standalone run "
         "follows its own {checkpoint root}/{name}/committed.json",
     )
+    ap.add_argument(
+        "--snapshot-plan",
+        help="JSON file with the in-memory snapshot plan (worker/snapshots.py; the agent writes "
+        "it): where this worker keeps snapshots, the buddy holders, and what a recovery "
+        "restores from; without it no snapshots are taken",
+    )
     ap.add_argument("--quiet", action="store_true", help="no per-step lines")
     return ap.parse_args(argv)
 
@@ -81,7 +94,7 @@ def make_checkpointer(
         model_parts=trainer.parts,
         optimizers=trainer.optimizers,
         lr_schedulers=trainer.schedulers,
-        data=DataStream(spec.data.seed, spec.train.global_batch),
+        data=data_stream(spec),
         device=trainer.ctx.device,
         mode=spec.checkpoint.mode,
         keep=spec.checkpoint.keep,
@@ -91,8 +104,46 @@ def make_checkpointer(
     )
 
 
-def resume(ckpt: Checkpointer | None, spec: JobSpec, say, metrics: MetricsFile) -> int:
-    """Steps already completed: those of the newest committed checkpoint that verifies, or 0."""
+def resume(
+    ckpt: Checkpointer | None,
+    plan: SnapshotPlan | None,
+    trainer: Trainer,
+    spec: JobSpec,
+    say,
+    metrics: MetricsFile,
+) -> int:
+    """Steps already completed: those of the old generation's in-memory snapshots when every
+    rank's state is there (and no disk checkpoint is newer), else of the newest committed
+    checkpoint that verifies, else 0."""
+    if plan is not None:
+        ctx = trainer.ctx
+        history = ckpt.history if ckpt else None
+        hot = restore_from_memory(
+            plan,
+            ctx.rank,
+            dist.get_world_size(),
+            model_parts=trainer.parts,
+            optimizers=trainer.optimizers,
+            lr_schedulers=trainer.schedulers,
+            data=data_stream(spec),
+            disk_step=history[0].step if history else None,
+        )
+        if hot is not None:
+            say(
+                f"[meshkeeper] resumed from step {hot.step} in host memory "
+                f"(generation {plan.restore_generation}, this rank from {hot.source}) in "
+                f"{hot.restore_s:.2f}s",
+                flush=True,
+            )
+            metrics.write(
+                {
+                    "event": "restored",
+                    "step": hot.step,
+                    "restore_s": hot.restore_s,
+                    "source": hot.source,
+                }
+            )
+            return hot.step
     t0 = time.perf_counter()
     restored = ckpt.restore() if ckpt else None
     if restored is None:
@@ -100,9 +151,18 @@ def resume(ckpt: Checkpointer | None, spec: JobSpec, say, metrics: MetricsFile) 
     p = spec.parallel
     say(restored_line(restored, {"dp": p.dp, "pp": p.pp, "tp": p.tp}), flush=True)
     metrics.write(
-        {"event": "restored", "step": restored.step, "restore_s": time.perf_counter() - t0}
+        {
+            "event": "restored",
+            "step": restored.step,
+            "restore_s": time.perf_counter() - t0,
+            "source": "disk",
+        }
     )
     return restored.step
+
+
+def data_stream(spec: JobSpec) -> DataStream:
+    return DataStream(spec.data.seed, spec.train.global_batch)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -138,14 +198,33 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         ckpt = make_checkpointer(args, spec, trainer, metrics)
-        start = resume(ckpt, spec, say, metrics)
+        plan = (
+            SnapshotPlan.from_json(json.loads(Path(args.snapshot_plan).read_text()))
+            if args.snapshot_plan
+            else None
+        )
+        snaps = Snapshotter(plan, rank, device, metrics.write) if plan else None
+        start = resume(ckpt, plan, trainer, spec, say, metrics)
         metrics.write({"event": "ready", "ready_at": time.time(), "start_step": start})
         results: list[StepResult] = []
         every, steps = spec.checkpoint.every_steps, spec.train.steps
+
+        def before_update() -> None:  # nothing still copying may see the parameters change
+            if ckpt:
+                ckpt.wait_staged()
+            if snaps:
+                snaps.wait_copied()
+
         for index in range(start, steps):
-            r = trainer.train_step(index, before_update=ckpt.wait_staged if ckpt else lambda: None)
+            r = trainer.train_step(index, before_update=before_update)
             results.append(r)
             metrics.step(r)
+            if snaps:
+                snaps.poll()
+                if snaps.due(r.step):
+                    state = data_stream(spec).train_state(r.step)
+                    parts = (trainer.parts, trainer.optimizers, trainer.schedulers)
+                    snaps.take(r.step, capture(*parts, state))
             if not args.quiet:
                 say(
                     f"step {r.step:>6}/{steps}  loss {r.loss:.4f}  lr {r.lr:.2e}  "
@@ -159,6 +238,8 @@ def run(args: argparse.Namespace) -> int:
                     ckpt.save(r.step)
         if ckpt:
             ckpt.close()
+        if snaps:
+            snaps.close()
         if not results:
             say(f"[meshkeeper] nothing to do: the checkpoint is at the last step ({steps})")
             return 0

@@ -1,0 +1,127 @@
+"""Where a worker keeps in-memory snapshots, and what marks one complete (no torch here: the
+agent prunes them, the trainer writes and reads them; docs/architecture.md, "Hot recovery").
+
+One worker's snapshots live under its snapshot root (default `/dev/shm/meshkeeper/<wid>`:
+host shared memory, so a snapshot outlives the trainer that wrote it), per job and generation:
+
+    <root>/<jid>/g<G>/r<R>/slot-<i>.bin      rank R's own state, a ring of `keep` slots
+    <root>/<jid>/g<G>/held/r<W>/slot-<i>.bin the copy this worker holds for rank W (its ward)
+
+Each slot's `slot-<i>.json` (step, generation, tensor layout, train state) is written after
+its bytes, by rename: a slot without it is incomplete and never read. A slot being rewritten
+loses its manifest first, so the ring always keeps `keep - 1` complete slots.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_ROOT = Path("/dev/shm/meshkeeper")
+
+
+@dataclass(frozen=True)
+class SnapshotPlan:
+    """What the agent hands a generation's trainers (`snapshot.json` in the run directory)."""
+
+    dir: Path  # this worker's directory for the job: <root>/<jid>
+    generation: int
+    every: int  # snapshot.every_steps
+    keep: int  # slots per rank (snapshot.keep)
+    holders: dict[int, int]  # rank -> the rank whose worker holds its copy (empty: no copies)
+    # a recovery that keeps the mesh: the generation whose snapshots it restores, and for
+    # every rank the rank of this generation that has its state (itself, or its holder)
+    restore_generation: int | None = None
+    sources: dict[int, int] | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "dir": str(self.dir),
+            "generation": self.generation,
+            "every": self.every,
+            "keep": self.keep,
+            "holders": _str_keys(self.holders),
+            "restore_generation": self.restore_generation,
+            "sources": None if self.sources is None else _str_keys(self.sources),
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> SnapshotPlan:
+        sources = d.get("sources")
+        return cls(
+            Path(d["dir"]),
+            int(d["generation"]),
+            int(d["every"]),
+            int(d["keep"]),
+            {int(k): int(v) for k, v in d.get("holders", {}).items()},
+            d.get("restore_generation"),
+            None if sources is None else {int(k): int(v) for k, v in sources.items()},
+        )
+
+    def own_dir(self, rank: int, generation: int | None = None) -> Path:
+        return self.dir / f"g{self.generation if generation is None else generation}" / f"r{rank}"
+
+    def held_dir(self, ward: int, generation: int | None = None) -> Path:
+        g = self.generation if generation is None else generation
+        return self.dir / f"g{g}" / "held" / f"r{ward}"
+
+    def wards(self, rank: int) -> list[int]:
+        """The ranks whose copies `rank` receives, in rank order."""
+        return sorted(w for w, h in self.holders.items() if h == rank and w != rank)
+
+
+def _str_keys(d: dict[int, int]) -> dict[str, int]:
+    return {str(k): v for k, v in d.items()}
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One complete snapshot on disk: its bytes and its manifest."""
+
+    bin: Path
+    manifest: dict
+
+    @property
+    def step(self) -> int:
+        return int(self.manifest["step"])
+
+
+def slot_paths(d: Path, i: int) -> tuple[Path, Path]:
+    return d / f"slot-{i}.bin", d / f"slot-{i}.json"
+
+
+def write_manifest(path: Path, manifest: dict) -> None:
+    """Atomically: the rename is what makes the slot complete."""
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(manifest))
+    os.replace(tmp, path)
+
+
+def complete_slots(d: Path, generation: int) -> dict[int, Slot]:
+    """step -> slot, for every complete slot of `generation` in `d` whose bytes are all there."""
+    out: dict[int, Slot] = {}
+    for m in sorted(d.glob("slot-*.json")) if d.is_dir() else []:
+        try:
+            manifest = json.loads(m.read_text())
+            b = m.with_suffix(".bin")
+            if manifest["generation"] != generation or b.stat().st_size < manifest["nbytes"]:
+                continue
+            out[int(manifest["step"])] = Slot(b, manifest)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # torn by a rewrite, or not ours: not a snapshot
+    return out
+
+
+def prune_generations(job_dir: Path, keep: set[int]) -> None:
+    """Delete the job's generation directories not in `keep` (the current generation and
+    the one it restores from)."""
+    for g in job_dir.glob("g*") if job_dir.is_dir() else []:
+        if g.name[1:].isdigit() and int(g.name[1:]) not in keep:
+            shutil.rmtree(g, ignore_errors=True)
+
+
+def remove_tree(d: Path) -> None:
+    shutil.rmtree(d, ignore_errors=True)

@@ -1,0 +1,152 @@
+"""A rank's training state as one flat byte image plus a JSON manifest, and back.
+
+The in-memory snapshot (docs/architecture.md, "Hot recovery") holds exactly what a rank owns
+on its mesh: the local shard of every parameter and buffer (a DTensor's `to_local()`), its
+optimizer's state tensors, the optimizer's hyperparameters as the LR schedule left them,
+the LR scheduler and the data stream's train state. It restores onto the same mesh only
+(shards are not resharded), which is what lets it skip DCP's planning and run as plain
+memory copies. The manifest is JSON, never pickle: a copy arrives from another host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+ALIGN = 64  # every tensor starts on a cache line, so a byte slice views as any dtype
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _encode(v):
+    """JSON for optimizer hyperparameters: tuples (betas) survive as tuples."""
+    if isinstance(v, tuple):
+        return {"__tuple__": [_encode(x) for x in v]}
+    if isinstance(v, list):
+        return [_encode(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _encode(x) for k, x in v.items()}
+    return v
+
+
+def _decode(v):
+    if isinstance(v, dict):
+        if "__tuple__" in v:
+            return tuple(_decode(x) for x in v["__tuple__"])
+        return {k: _decode(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_decode(x) for x in v]
+    return v
+
+
+@dataclass
+class Captured:
+    """The tensors to copy (references, not copies: valid until the next optimizer step)
+    and everything else, already in JSON form."""
+
+    tensors: list[tuple[str, torch.Tensor]]
+    state: dict
+
+
+def capture(
+    parts: list[nn.Module],
+    optimizers: list[Optimizer],
+    schedulers: list[LRScheduler],
+    train_state: dict,
+) -> Captured:
+    tensors: list[tuple[str, torch.Tensor]] = []
+    optim = []
+    for i, (part, opt) in enumerate(zip(parts, optimizers, strict=True)):
+        tensors += [(f"p{i}/{n}", _local(p.detach())) for n, p in part.named_parameters()]
+        tensors += [(f"b{i}/{n}", _local(b)) for n, b in part.named_buffers()]
+        sd = opt.state_dict()
+        state: dict[str, dict] = {}
+        for idx, entry in sd["state"].items():
+            out = {}
+            for k, v in entry.items():
+                if torch.is_tensor(v):
+                    key = f"o{i}/{idx}/{k}"
+                    tensors.append((key, _local(v)))
+                    out[k] = {"tensor": key, "dtensor": isinstance(v, DTensor)}
+                else:
+                    out[k] = _encode(v)
+            state[str(idx)] = out
+        optim.append({"state": state, "param_groups": _encode(sd["param_groups"])})
+    return Captured(
+        tensors,
+        {"optim": optim, "scheduler": schedulers[0].state_dict(), "train_state": train_state},
+    )
+
+
+def layout(tensors: list[tuple[str, torch.Tensor]]) -> tuple[list[list], int]:
+    """[[key, dtype, shape, offset, nbytes], ...] and the image's total size."""
+    out, off = [], 0
+    for key, t in tensors:
+        nbytes = t.numel() * t.element_size()
+        out.append([key, str(t.dtype).removeprefix("torch."), list(t.shape), off, nbytes])
+        off += -(-nbytes // ALIGN) * ALIGN
+    return out, off
+
+
+def copy_into(image: torch.Tensor, tensors: list[tuple[str, torch.Tensor]], lay: list) -> None:
+    """Copy every tensor into its place in `image` (a uint8 tensor, e.g. a mapped file)."""
+    for (_, t), (_, _, _, off, nbytes) in zip(tensors, lay, strict=True):
+        image[off : off + nbytes].view(t.dtype).view(t.shape).copy_(t)
+
+
+def views(image: torch.Tensor, lay: list) -> dict[str, torch.Tensor]:
+    out = {}
+    for key, dtype, shape, off, nbytes in lay:
+        out[key] = image[off : off + nbytes].view(getattr(torch, dtype)).view(shape)
+    return out
+
+
+@torch.no_grad()
+def load(
+    parts: list[nn.Module],
+    optimizers: list[Optimizer],
+    schedulers: list[LRScheduler],
+    manifest: dict,
+    image: torch.Tensor,
+) -> dict:
+    """Put the image back into this rank's live state; returns the train state it held.
+    Raises KeyError or RuntimeError when the image was taken on another layout."""
+    v = views(image, manifest["tensors"])
+    state = manifest["state"]
+    for i, (part, opt) in enumerate(zip(parts, optimizers, strict=True)):
+        for n, p in part.named_parameters():
+            _local(p).copy_(v[f"p{i}/{n}"])
+        for n, b in part.named_buffers():
+            _local(b).copy_(v[f"b{i}/{n}"])
+        params = [p for g in opt.param_groups for p in g["params"]]
+        saved = state["optim"][i]
+        opt_state = {}
+        for idx, entry in saved["state"].items():
+            p, out = params[int(idx)], {}
+            for k, x in entry.items():
+                if isinstance(x, dict) and "tensor" in x:
+                    t = v[x["tensor"]].clone()
+                    if x["dtensor"]:  # optimizer state is shaped and placed like its parameter
+                        t = DTensor.from_local(
+                            t.to(_local(p).device),
+                            p.device_mesh,
+                            p.placements,
+                            run_check=False,
+                            shape=p.shape,
+                            stride=p.stride(),
+                        )
+                    out[k] = t
+                else:
+                    out[k] = _decode(x)
+            opt_state[int(idx)] = out
+        opt.load_state_dict({"state": opt_state, "param_groups": _decode(saved["param_groups"])})
+    for sched in schedulers:
+        sched.load_state_dict(state["scheduler"])
+    return state["train_state"]
