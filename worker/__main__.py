@@ -32,6 +32,7 @@ from worker.agent.agent import Agent, AgentConfig, default_address
 from worker.agent.metrics_endpoint import AgentMetrics
 from worker.agent.retry import Outage
 from worker.devices import discover
+from worker.snapshots import DEFAULT_ROOT as DEFAULT_SNAPSHOT_ROOT
 
 log = logging.getLogger("meshkeeper.agent")
 
@@ -139,6 +140,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=16,
         help="newest per-generation run directories (logs, step records) kept under "
         "--run-dir/jobs; older ones are deleted",
+    )
+    ap.add_argument(
+        "--snapshot-dir",
+        type=Path,
+        default=env("MESHKEEPER_SNAPSHOT_DIR"),
+        help="where this worker's trainers keep in-memory snapshots and the copies they hold "
+        "for buddies, under <dir>/<worker id> (default /dev/shm/meshkeeper: host shared "
+        "memory; on Kubernetes mount a memory-backed emptyDir at /dev/shm)",
     )
     ap.add_argument("--stop-grace", type=float, default=3.0, help="SIGTERM -> SIGKILL, seconds")
     ap.add_argument(
@@ -335,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_root=args.checkpoint_root.resolve() if args.checkpoint_root else None,
         data_roots=tuple(args.data_root),
         keep_run_dirs=args.keep_run_dirs,
+        # per worker id: agents sharing a host (and a --snapshot-dir) never share files
+        snapshot_root=(args.snapshot_dir or DEFAULT_SNAPSHOT_ROOT).resolve() / wid,
     )
     if args.controller:
         redis_url, prefix = join(args, cfg, stopping)

@@ -35,7 +35,7 @@ from services.store import Store, loads
 from worker.agent.heartbeat import Heartbeat
 from worker.agent.launcher import Launcher
 from worker.agent.metrics_endpoint import AgentMetrics, AgentSnapshot, RankSnapshot
-from worker.agent.metrics_tail import CheckpointCommitted
+from worker.agent.metrics_tail import CheckpointCommitted, SnapshotTaken
 from worker.agent.probe import Prober
 from worker.agent.rank_process import RankProcess
 from worker.agent.rank_progress import RankProgress
@@ -43,6 +43,8 @@ from worker.agent.retry import Outage
 from worker.agent.run_dirs import prune_run_dirs
 from worker.ckpt_store import Pointer, remove_checkpoints
 from worker.devices import device_indices
+from worker.snapshots import DEFAULT_ROOT as DEFAULT_SNAPSHOT_ROOT
+from worker.snapshots import SnapshotPlan, prune_generations, remove_tree
 
 log = logging.getLogger("meshkeeper.agent")
 REREAD_S = 5.0  # safety net for lost pub/sub messages
@@ -63,6 +65,13 @@ class AgentConfig:
     checkpoint_root: Path | None = None  # shared by every worker of a job (default: run_dir)
     data_roots: tuple[Path, ...] = ()  # where text:/tokens: data may be read (services/paths.py)
     keep_run_dirs: int = 16  # newest per-generation run directories kept (worker/agent/run_dirs.py)
+    # in-memory snapshots of this worker's ranks and the buddy copies it holds, per job
+    # (None: /dev/shm/meshkeeper/<wid>)
+    snapshot_root: Path | None = None
+
+    @property
+    def snapshots(self) -> Path:
+        return self.snapshot_root or DEFAULT_SNAPSHOT_ROOT / self.wid
 
 
 @dataclass
@@ -222,6 +231,10 @@ class Agent:
         if want and self.run is None:
             self._begin_run(*want, pointer.get("role", "rank"))
         self._set_state("busy" if self.run else "idle")
+        # snapshots of jobs this worker no longer serves free their memory
+        for d in self.cfg.snapshots.iterdir() if self.cfg.snapshots.is_dir() else []:
+            if not (self.run and d.name == self.run.job):
+                remove_tree(d)
 
     def _begin_run(self, job: str, generation: int, role: str) -> None:
         if role == "spare":
@@ -265,6 +278,7 @@ class Agent:
             heartbeat_s=spec["fault_tolerance"].get("heartbeat_s"),
             checkpoints=ckpt_root / spec["name"],
         )
+        snapshots = self._snapshot_plan(job, generation, asg, spec, d)
         mine = asg.ranks_of(self.cfg.wid)
         try:  # this worker's own device count decides, whatever the slots say
             device = device_indices({e.rank: e.local_rank for e in mine}, self.cfg.devices)
@@ -292,7 +306,7 @@ class Agent:
                 job,
                 "--restore-from",
                 str(restore_path),
-            ]
+            ] + (["--snapshot-plan", str(snapshots)] if snapshots else [])
             metrics, log_path = d / f"metrics-{e.rank}.jsonl", d / f"rank{e.rank}.log"
             proc = self.launcher.launch(argv, env, log_path)
             run.ranks[e.rank] = RankProcess(
@@ -313,6 +327,29 @@ class Agent:
             "TrainerStarted",
             f"worker {self.cfg.wid} started ranks {sorted(pids)} (pids {sorted(pids.values())})",
         )
+
+    def _snapshot_plan(
+        self, job: str, generation: int, asg: Assignment, spec: dict, d: Path
+    ) -> Path | None:
+        """The trainers' snapshot plan (docs/architecture.md, "Hot recovery"), written into the
+        generation's run directory; None when the job takes no snapshots. Older generations'
+        snapshots are dropped here, except the ones this generation restores from."""
+        want = spec.get("snapshot", {})
+        if not want.get("enabled", True):
+            return None
+        plan = SnapshotPlan(
+            self.cfg.snapshots / job,
+            generation,
+            int(want.get("every_steps", 1)),
+            int(want.get("keep", 2)),
+            asg.buddies,
+            asg.restore_generation,
+            asg.restore_sources,
+        )
+        prune_generations(plan.dir, {generation, asg.restore_generation or generation})
+        path = d / "snapshot.json"
+        path.write_text(json.dumps(plan.to_json()))
+        return path
 
     def _refuse(self, job: str, generation: int, asg: Assignment, why: str) -> None:
         """Fail this worker's ranks without starting trainers, as a trainer refusing its spec
@@ -401,7 +438,16 @@ class Agent:
                 self._dirty = True
             for line in p.read():
                 self._dirty = True
+                failing = p.progress.snapshot_error
                 p.progress.absorb(line, self._now(), self.heartbeat.clock_offset)
+                if isinstance(line, SnapshotTaken) and line.error and not failing:
+                    self._event(  # once per streak: a full /dev/shm fails every step
+                        "SnapshotFailed",
+                        f"rank {p.rank} on worker {self.cfg.wid}: in-memory snapshot at step "
+                        f"{line.step} failed ({line.error}); training goes on, a recovery "
+                        "falls back to the disk checkpoint",
+                        warning=True,
+                    )
                 if self.metrics:
                     self.metrics.observe(run.job, line)
                 if isinstance(line, CheckpointCommitted) and p.rank == 0:  # every rank reports it

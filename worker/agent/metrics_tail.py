@@ -34,6 +34,18 @@ class Restored(Record):
     event: Literal["restored"]
     step: int  # the restored checkpoint's: steps completed
     restore_s: float
+    source: str | None = None  # memory (own snapshot) | peer (buddy's copy) | disk
+
+
+class SnapshotTaken(Record):
+    """An in-memory snapshot finished (worker/trainer/snapshot.py): the rank's own copy, and
+    the copies it received for its wards (rank -> step)."""
+
+    event: Literal["snapshot"]
+    step: int
+    ok: bool = True  # False: this rank's own copy failed (error says why)
+    held: dict[str, int] | None = None
+    error: str | None = None
 
 
 class CheckpointCommitted(Record):
@@ -58,13 +70,20 @@ class OtherEvent(Record):
 
 
 TrainerLine = (
-    StepRecord | Milestone | Restored | CheckpointCommitted | CheckpointFailed | OtherEvent
+    StepRecord
+    | Milestone
+    | Restored
+    | SnapshotTaken
+    | CheckpointCommitted
+    | CheckpointFailed
+    | OtherEvent
 )
 EVENTS: dict[str, type[Record]] = {
     "started": Milestone,
     "rendezvous": Milestone,
     "ready": Milestone,
     "restored": Restored,
+    "snapshot": SnapshotTaken,
     "checkpoint": CheckpointCommitted,
     "checkpoint_failed": CheckpointFailed,
 }

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.records import StepRecord
-from worker.agent.metrics_tail import Milestone, Restored, TrainerLine
+from worker.agent.metrics_tail import Milestone, Restored, SnapshotTaken, TrainerLine
 
 
 @dataclass
@@ -31,6 +31,10 @@ class RankProgress:
     start_step: int | None = None
     first_step_at: float | None = None
     progress_at: float = 0.0  # last time the trainer wrote anything
+    restored_from: str | None = None  # memory | peer | disk
+    snapshot_step: int | None = None  # newest complete own in-memory snapshot
+    held_step: int | None = None  # newest step of which every ward's copy arrived here
+    snapshot_error: str | None = None  # the latest snapshot failure
     computes: deque[float] = field(default_factory=deque)  # compute_s over the window
 
     def __post_init__(self) -> None:
@@ -47,7 +51,13 @@ class RankProgress:
             if line.start_step is not None:
                 self.start_step = line.start_step
         elif isinstance(line, Restored):
-            self.start_step = line.step
+            self.start_step, self.restored_from = line.step, line.source
+        elif isinstance(line, SnapshotTaken):
+            if line.ok:
+                self.snapshot_step = line.step
+            if line.held:
+                self.held_step = min(line.held.values())
+            self.snapshot_error = line.error
         elif isinstance(line, StepRecord):
             self.last, self.state = line, "running"
             if self.first_step_at is None:
@@ -83,4 +93,7 @@ class RankProgress:
             "compute_avg": sum(computes) / len(computes) if computes else None,
             "compute_min": min(computes) if computes else None,
             "window_n": len(computes),
+            "restored_from": self.restored_from,
+            "snapshot_step": self.snapshot_step,
+            "held_step": self.held_step,
         }
