@@ -20,12 +20,14 @@ from controller.decisions import (
     SetGrowAfter,
     WaitForCapacity,
 )
+from controller.faults import registered_host
 from controller.jobs import Job
 from controller.passes import JobView, Pass
 from controller.ranks import summarize
 from controller.recovery import Layout
 from services.api import RankStatus
 from services.assignment import FINAL_RANK_STATES, Assignment
+from services.buddies import pick_holders, restore_sources
 from services.records import HistoryPoint, RecoveryRecord
 from services.store import Tx
 
@@ -138,13 +140,23 @@ def start_generation(
 ) -> Assignment:
     """Add generation+1 to `tx`: the assignment, every worker's pointer, and the release of
     workers of `old` that the new generation no longer uses. Agents of a superseded
-    generation stop their trainers; a fresh rendezvous port fences them out."""
+    generation stop their trainers; a fresh rendezvous port fences them out.
+
+    With snapshots on, the assignment names each rank's snapshot holder and, after a recovery
+    (`old` given) that kept the mesh, where each rank's state from `old` lives
+    (docs/architecture.md, "Hot recovery")."""
     k = ctx.keys
     wids = list(dict.fromkeys([r.wid for r in layout.ranks] + layout.spares))
     infos = ctx.store.workers(wids)
     master = infos[layout.ranks[0].wid].get("address", "127.0.0.1")
     gen = job.generation + 1
     shrunk = layout.shape.dp != job.target_dp
+    snap = job.spec.snapshot
+    host_of = {w: registered_host(infos[w]) for w in wids}
+    buddies = (
+        pick_holders(layout.ranks, layout.shape, host_of) if snap.enabled and snap.buddy else {}
+    )
+    sources = restore_sources(old, layout.ranks, layout.shape) if snap.enabled and old else None
     asg = Assignment(
         job.id,
         gen,
@@ -155,6 +167,9 @@ def start_generation(
         layout.spares,
         tp_split,
         layout.microbatches if shrunk else None,
+        buddies,
+        old.generation if sources is not None else None,
+        sources,
     )
     job.generation = gen
     job.current = {"dp": layout.shape.dp, "microbatches": layout.microbatches} if shrunk else {}

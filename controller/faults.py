@@ -235,9 +235,13 @@ def has_candidate(ctx: Pass, job: Job, asg: Assignment, worker: str) -> bool:
 
 def hosts(ctx: Pass, wids: list[str]) -> dict[str, str]:
     infos = ctx.store.workers(wids)
-    return {
-        w: loads(infos[w].get("labels"), {}).get("host") or infos[w].get("host", "?") for w in wids
-    }
+    return {w: registered_host(infos[w]) for w in wids}
+
+
+def registered_host(info: dict[str, str]) -> str:
+    """The host a worker's registration names: its `host` label (set at join; an agent's
+    `--label host=...` overrides the host it reported), else its `host` field."""
+    return loads(info.get("labels"), {}).get("host") or info.get("host", "?")
 
 
 def collateral(
@@ -300,18 +304,21 @@ def complete(job: Job, ranks: list[RankStatus], now: float) -> Complete | None:
         "first_step_s": first - ready,
         "total_s": first - rec.fault_at,
     }
+    sources = {str(r.rank): r.restored_from for r in ranks if r.restored_from}
     done = rec.model_copy(
         update={
             "completed_at": now,
             "resumed_step": start,
             "steps_lost": max(0, rec.last_step - start),
             "durations": d,
+            "restored_from": sources or None,
         }
     )
     msg = (
         f"recovery {rec.n} ({rec.cause}, {rec.action}) done in {d['total_s']:.1f}s: "
         + ", ".join(f"{k[:-2]} {v:.2f}s" for k, v in d.items() if k != "total_s")
         + f"; resumed at step {start}, {done.steps_lost} steps redone"
+        + (f"; restored from {done.restored_summary()}" if sources else "")
     )
     return Complete(done, msg)
 

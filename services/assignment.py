@@ -61,6 +61,10 @@ class Assignment:
     spares: list[str] = field(default_factory=list)
     tp_split: bool = False
     microbatches: int | None = None  # None: the spec's; set when a shrink changed dp
+    # hot recovery (docs/architecture.md, "Hot recovery"; services/buddies.py):
+    buddies: dict[int, int] = field(default_factory=dict)  # rank -> holder of its snapshot copy
+    restore_generation: int | None = None  # the generation whose snapshots this one restores
+    restore_sources: dict[int, int] | None = None  # rank -> rank whose worker holds its state
 
     def effective_spec(self, spec: dict) -> dict:
         """The spec this generation trains with: its mesh may be smaller than the submitted one
@@ -95,6 +99,10 @@ class Assignment:
             "spares": self.spares,
             "tp_split": self.tp_split,
             "microbatches": self.microbatches,
+            "buddies": self.buddies or None,
+            "restore": None
+            if self.restore_sources is None
+            else {"generation": self.restore_generation, "sources": self.restore_sources},
         }
         out.update({f"rank:{r.rank}": r.to_json() for r in self.ranks})
         return out
@@ -116,6 +124,7 @@ class Assignment:
                         int(e.get("local_world_size", 1)),
                     )
                 )
+            restore = loads(h.get("restore"))
             return cls(
                 h["job"],
                 int(h["generation"]),
@@ -126,6 +135,14 @@ class Assignment:
                 loads(h.get("spares"), []),
                 h.get("tp_split") == "1",
                 loads(h.get("microbatches")),
+                _int_map(loads(h.get("buddies"), {})),
+                int(restore["generation"]) if restore else None,
+                _int_map(restore["sources"]) if restore else None,
             )
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, AttributeError):
             return None
+
+
+def _int_map(m: dict[str, int]) -> dict[int, int]:
+    """A rank map read back from JSON, whose keys are strings."""
+    return {int(k): int(v) for k, v in m.items()}

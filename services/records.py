@@ -14,6 +14,7 @@ checkpoint `step` i + 1 and a restore from it runs index i + 1 next.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -63,6 +64,7 @@ class RankReport(Record):
     ready_at: float | None = None
     start_step: int | None = None  # the step it resumed at
     first_step_at: float | None = None
+    restored_from: str | None = None  # memory | peer | disk; None: nothing restored
     exited_at: float | None = None
     progress_at: float | None = None  # last time anything was heard from the trainer
     # blame evidence (controller/health.py)
@@ -75,6 +77,11 @@ class RankReport(Record):
     cpu_busy: bool | None = None
     peak_rss: int | None = None  # bytes
     oom: dict[str, Any] | None = None  # set when the exit was an OOM kill
+    # hot recovery (docs/architecture.md, "Hot recovery"): the step of the rank's newest
+    # complete snapshot, and of the newest complete copy it holds for its ward (with several
+    # wards, the oldest of their newest copies: every ward has at least that step)
+    snapshot_step: int | None = None
+    held_step: int | None = None
 
 
 class FaultRecord(Record):
@@ -117,6 +124,12 @@ class RecoveryRecord(Record):
     steps_lost: int | None = None
     # detect_s, decide_s, rendezvous_s, restore_s, first_step_s, total_s
     durations: dict[str, float] | None = None
+    restored_from: dict[str, str] | None = None  # rank -> memory | peer | disk
+
+    def restored_summary(self) -> str:
+        """How many ranks restored from where, most first: 'memory 3, peer 1'."""
+        counts = Counter((self.restored_from or {}).values())
+        return ", ".join(f"{source} {n}" for source, n in counts.most_common())
 
 
 class StragglerFlag(Record):

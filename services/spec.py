@@ -210,6 +210,37 @@ class FaultToleranceSpec(Strict):
     )
 
 
+class SnapshotSpec(Strict):
+    enabled: bool = Field(
+        default=True,
+        description="Snapshot every rank's model and optimizer shards and train state into "
+        "host shared memory (/dev/shm), so a recovery that keeps the mesh restores from memory "
+        'instead of the last disk checkpoint (docs/fault-tolerance.md, "Hot recovery").',
+    )
+    every_steps: int = Field(
+        default=1,
+        gt=0,
+        le=MAX_STEPS,
+        description="Take a snapshot after every this many optimizer steps. A recovery from "
+        "memory redoes the steps since the newest complete snapshot, so the default 1 redoes "
+        "at most one.",
+    )
+    keep: int = Field(
+        default=2,
+        ge=2,
+        le=16,
+        description="Snapshot slots per rank, used as a ring: at least 2, so one complete "
+        "slot survives while the next is written. Each slot holds the rank's whole state in "
+        "host memory.",
+    )
+    buddy: bool = Field(
+        default=True,
+        description="Send each snapshot to a rank of the job on another host (its holder), "
+        "so a rank whose host died restores from the copy over the network. false: only "
+        "ranks that keep their worker restore from memory.",
+    )
+
+
 class JobSpec(Strict):
     name: str = Field(min_length=1, max_length=63)
     model: ModelSpec
@@ -218,6 +249,7 @@ class JobSpec(Strict):
     train: TrainSpec
     checkpoint: CheckpointSpec = CheckpointSpec()
     fault_tolerance: FaultToleranceSpec = FaultToleranceSpec()
+    snapshot: SnapshotSpec = SnapshotSpec()
 
 
 @dataclass(frozen=True)

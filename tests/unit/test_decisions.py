@@ -119,6 +119,19 @@ def test_completion_times_each_phase_by_the_slowest_rank():
     assert job.recoveries[0].completed_at is None  # deciding changed nothing
 
 
+def test_completion_records_where_each_rank_restored_from():
+    job = Job(id="j", name="j", spec=SPEC, generation=2, recoveries=[open_record()])
+    times = dict(rendezvous_at=103.0, ready_at=104.0, first_step_at=105.0, start_step=19)
+    ranks = [
+        rank(0, restored_from="memory", **times),
+        rank(1, restored_from="peer", **times),
+        rank(2, restored_from="memory", **times),
+    ]
+    done = faults.complete(job, ranks, 107.0)
+    assert done.record.restored_from == {"0": "memory", "1": "peer", "2": "memory"}
+    assert "1 steps redone; restored from memory 2, peer 1" in done.message
+
+
 def test_no_completion_until_every_rank_trained_a_step():
     job = Job(id="j", name="j", spec=SPEC, generation=2, recoveries=[open_record()])
     assert faults.complete(job, [rank(0, first_step_at=105.0), rank(1)], 107.0) is None

@@ -85,6 +85,12 @@ BAD = [
     (with_("train.warmup_steps", 10**10), "train.warmup_steps", "less than or equal to"),
     (with_("model.rope_theta", 1e300), "model.rope_theta", "less than or equal to"),
     (with_("checkpoint.every_steps", 10**12), "checkpoint.every_steps", "less than or equal to"),
+    # the snapshot ring needs one complete slot while the next is written
+    (with_("snapshot.keep", 1), "snapshot.keep", "greater than or equal to 2 (got 1)"),
+    (with_("snapshot.keep", 17), "snapshot.keep", "less than or equal to 16"),
+    (with_("snapshot.every_steps", 0), "snapshot.every_steps", "greater than 0"),
+    (with_("snapshot.buddy", "yes"), "snapshot.buddy", "true or false"),
+    (with_("snapshot.ring", 2), "snapshot.ring", "valid: buddy, enabled, every_steps, keep"),
     (
         {
             **GOOD,
@@ -124,6 +130,11 @@ def test_every_example_and_preset_stays_valid_and_round_trips():
     assert len(specs) > len(PRESETS)
     for s in specs:
         assert parse_spec(json.loads(json.dumps(s.model_dump(mode="json")))) == s
+
+
+def test_snapshots_default_to_every_step_in_two_slots_with_a_buddy_copy():
+    snap = parse_spec(GOOD).snapshot
+    assert (snap.enabled, snap.every_steps, snap.keep, snap.buddy) == (True, 1, 2, True)
 
 
 def test_int_where_a_float_is_wanted_is_fine():
