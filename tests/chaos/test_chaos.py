@@ -57,6 +57,14 @@ def same_coordinates(before, after, moved: dict[str, str]) -> None:
         assert a.worker == moved.get(r.worker, r.worker), (r.rank, r.worker, a.worker, moved)
 
 
+def hot_restore(rec, moved: int, world: int) -> None:
+    """Every survivor restored from its own host memory, the moved rank from its buddy's
+    copy, and at most one step was redone (docs/architecture.md, "Hot recovery")."""
+    want = {str(r): "peer" if r == moved else "memory" for r in range(world)}
+    assert rec.restored_from == want, rec
+    assert rec.steps_lost <= 1, rec
+
+
 def reasons(stack, jid) -> list[str]:
     return [e.reason for e in events(stack, jid)]
 
@@ -77,7 +85,7 @@ def test_sigkill_one_trainer(stack, uninterrupted):
     assert rec.replaced == [{"old": victim.worker, "new": spare}]
     assert rec.to_shape == [2, 1, 2]
     completed(rec)
-    assert rec.resumed_step <= rec.last_step
+    hot_restore(rec, moved=1, world=4)
     same_coordinates(j1, j, {victim.worker: spare})
     assert victim.worker in j.mesh.spares  # its agent lives: it stays with the job as a spare
     assert {"RecoveryStarted", "Recovered"} <= set(reasons(stack, j.id))
@@ -100,6 +108,8 @@ def test_sigkill_worker_agent_and_trainers(stack, uninterrupted):
     assert {f.cause for f in rec.faults} == {"WorkerDead"}, rec.faults
     assert rec.replaced == [{"old": victim.worker, "new": spare}]
     completed(rec)
+    # the whole worker is gone, its host memory with it: rank 2 restores from its buddy's copy
+    hot_restore(rec, moved=2, world=4)
     same_coordinates(j1, j, {victim.worker: spare})
     assert victim.worker not in j.mesh.spares
     assert gone(victim.pid)
