@@ -47,8 +47,12 @@ def _slots(plan: SnapshotPlan, rank: int) -> dict[int, dict[int, Slot]]:
     out = {}
     for state, source in (plan.sources or {}).items():
         if source == rank:
-            d = plan.own_dir(state, g) if state == rank else plan.held_dir(state, g)
-            out[state] = complete_slots(d, g)
+            # this worker's copy of a state: its own snapshot if it ran the rank, the held copy
+            # if it was the rank's buddy (a rank moved onto its own buddy finds it there)
+            out[state] = {
+                **complete_slots(plan.held_dir(state, g), g),
+                **complete_slots(plan.own_dir(state, g), g),
+            }
     return out
 
 
