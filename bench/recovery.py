@@ -2,7 +2,10 @@
 
 Both arms train the same workload in this invocation (the `small` preset, dp=2, a checkpoint
 every 5 steps, async) and lose the same rank the same way: its trainer process is SIGKILLed
-at the same steps (8, 18, 28, ...: three steps past a checkpoint, so both redo 3 steps).
+at the same steps (8, 18, 28, ...: three steps past a checkpoint). torchrun restarts from the
+disk checkpoint and redoes those 3 steps; meshkeeper restores from the in-memory snapshots
+(docs/architecture.md, "Hot recovery": the survivors from their own host memory, the
+replacement from its buddy's copy) and redoes at most the one step in flight.
 
 - meshkeeper: a local stack (redis-server, controller, 3 agents: 2 ranks + 1 spare). The
   controller promotes the spare into the dead rank's coordinates; the job's recovery records
@@ -23,7 +26,8 @@ kill -> the slowest rank's first completed step after the restart.
 Goodput (useful step time / wall time, from submit to Succeeded) of one meshkeeper job with
 a rank killed every --every seconds, against the same job without failures.
 
-    python bench/recovery.py [--kills 5] [--every 10] [--goodput-steps 40] [--torchrun-shared-store]
+    python bench/recovery.py [--kills 5] [--every 60] [--goodput-steps 300]
+                             [--torchrun-shared-store]
 """
 
 from __future__ import annotations
@@ -357,8 +361,8 @@ def goodput(steps: int, every_s: float | None) -> tuple[float, int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kills", type=int, default=5)
-    ap.add_argument("--every", type=float, default=10.0, help="goodput run: seconds between kills")
-    ap.add_argument("--goodput-steps", type=int, default=40)
+    ap.add_argument("--every", type=float, default=60.0, help="goodput run: seconds between kills")
+    ap.add_argument("--goodput-steps", type=int, default=300)
     ap.add_argument("--skip-goodput", action="store_true")
     ap.add_argument(
         "--torchrun-shared-store",

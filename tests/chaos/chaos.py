@@ -60,6 +60,13 @@ def mesh_spec(
     )
 
 
+def disk_only(spec: dict) -> dict:
+    """The spec without in-memory snapshots: for tests of what the disk checkpoint and its
+    pointer guarantee, every recovery restores from disk (docs/architecture.md, "Hot
+    recovery")."""
+    return {**spec, "snapshot": {"enabled": False}}
+
+
 # -- watching the job through REST --------------------------------------------------------
 class Watch:
     """Polls GET /v1/jobs/{id} and keeps what it saw: generations, restarts and the

@@ -23,6 +23,7 @@ from tests.chaos.chaos import (
     checkpoint_dir,
     completed,
     deprioritize,
+    disk_only,
     events,
     free_pool,
     gone,
@@ -171,7 +172,7 @@ def test_sigstopped_worker_is_replaced_and_fenced_after_sigcont(stack, uninterru
     trainer goes, and it writes to Redis what it saw: progress for generation 1. The new world
     ignores those writes: generation 2's ranks, the restart count and the checkpoint pointer
     (which rank 0's agent, the zombie's, used to move) are as if it had never woken up."""
-    spec = mesh_spec("chaos-pause")
+    spec = disk_only(mesh_spec("chaos-pause"))  # the pointer's fencing, below
     spec["checkpoint"]["keep"] = 20  # every pointer stays in the history checked below
     want = uninterrupted(spec)
     w, j1 = start(stack, spec)
@@ -309,7 +310,7 @@ def test_sigkill_during_checkpoint_save(stack, uninterrupted):
     """Rank 1 dies while the async save of checkpoint 10 is in flight: it is frozen right
     after its step-10 record (the save starts after it), checked to have left that save
     incomplete, then killed. Checkpoint 10 can never commit without it: the job resumes at 5."""
-    spec = mesh_spec("chaos-save")
+    spec = disk_only(mesh_spec("chaos-save"))  # a torn disk checkpoint is what this is about
     want = uninterrupted(spec)
     w, j1 = start(stack, spec)
     victim = rank(j1, 1)

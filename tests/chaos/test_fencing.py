@@ -17,6 +17,7 @@ from tests.chaos.chaos import (
     assert_curve,
     at_step,
     checkpoint_dir,
+    disk_only,
     events,
     gone,
     kill,
@@ -48,7 +49,7 @@ def test_partitioned_world_commits_and_deletes_nothing(stack, uninterrupted):
     The world is one worker: with two, their last beats are up to a heartbeat apart, so the
     controller may see one silent a pass before the other and recover twice (generation 2
     then includes a worker that never hears of it), which is correct but not this test."""
-    spec = mesh_spec("fence-partition", steps=40, parallel={"dp": 1})
+    spec = disk_only(mesh_spec("fence-partition", steps=40, parallel={"dp": 1}))
     spec["checkpoint"]["keep"] = 20  # no legitimate pruning here: any deletion is the old world's
     want = uninterrupted(spec)
     cut_off = ["w0"]
@@ -128,7 +129,7 @@ def test_forged_and_foreign_checkpoints_are_never_restored(stack, uninterrupted,
     """Another job's checkpoint copied beside the committed one under a newer step name, and a
     forged newer generation's directory: rank 0 dies, and the job restores what the pointer
     names, not the newest directory on disk."""
-    spec = mesh_spec("fence-forged", parallel={"dp": 2})
+    spec = disk_only(mesh_spec("fence-forged", parallel={"dp": 2}))
     spec["checkpoint"]["keep"] = 20  # generation 1's pointers stay in the history to compare with
     want = uninterrupted(spec)
     other = {

@@ -24,9 +24,7 @@ pytestmark = pytest.mark.slow
 KILLS = 5
 
 
-def test_five_kills_each_redo_at_most_one_step_and_the_loss_is_bit_identical(
-    stack, uninterrupted
-):
+def test_five_kills_each_redo_at_most_one_step_and_the_loss_is_bit_identical(stack, uninterrupted):
     spec = mesh_spec("hot-five-kills", steps=60, parallel={"dp": 2})
     want = uninterrupted(spec)
     w, j = start(stack, spec)

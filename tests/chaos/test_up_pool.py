@@ -95,6 +95,8 @@ def test_prometheus_finds_every_agent_of_up_through_http_sd(up, tmp_path):
                 r = httpx.get(f"http://127.0.0.1:{port}/api/v1/targets?state=active", timeout=2)
             except httpx.TransportError:
                 return None  # not listening yet
+            if r.status_code != 200:  # listening, not ready yet: "Service Unavailable", no JSON
+                return None
             targets = r.json()["data"]["activeTargets"]
             up_ = {t["labels"]["worker"] for t in targets if t["health"] == "up"}
             return up_ if up_ == agents else None

@@ -14,6 +14,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from services.spec import ModelSpec
+from worker.trainer.distributed import shutdown_distributed
 from worker.trainer.model import build_model, rope_tables
 
 PLANS = {
@@ -60,7 +61,9 @@ def main() -> None:
                     }
                 )
             )
-    dist.destroy_process_group()
+    # barrier, then destroy: a rank tearing gloo down while its peer still reads ends in
+    # "terminate called without an active exception" (SIGABRT), seen in a full run
+    shutdown_distributed()
 
 
 if __name__ == "__main__":
