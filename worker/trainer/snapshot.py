@@ -14,12 +14,12 @@ One thread, first in first out: the copy of step N+1 starts after the send of st
 slot is never rewritten while it is being sent.
 
 A failed copy (say /dev/shm is full) is reported and training goes on: the rank sends an
-empty header, so its holder skips that copy and the exchange stays paired.
+empty header (worker/trainer/snapshot_wire.py), so its holder skips that copy and the
+exchange stays paired.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,16 +31,13 @@ import torch.distributed as dist
 
 from worker.snapshots import SnapshotPlan, slot_paths, write_manifest
 from worker.trainer.snapshot_state import Captured, copy_into, layout
+from worker.trainer.snapshot_wire import isend_slot, recv_manifest
 
 
 def map_file(path: Path, nbytes: int) -> torch.Tensor:
     """A uint8 tensor backed by `path` (created and sized as needed), shared with the file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     return torch.from_file(str(path), shared=True, size=max(nbytes, 1), dtype=torch.uint8)
-
-
-def encode_manifest(manifest: dict) -> torch.Tensor:
-    return torch.frombuffer(bytearray(json.dumps(manifest).encode()), dtype=torch.uint8)
 
 
 @dataclass
@@ -152,18 +149,11 @@ class Snapshotter:
     def _exchange(self, copying: Future) -> dict:
         """Send this rank's slot to its holder; receive each ward's into held/."""
         copied: Copied = copying.result()
-        sends = []
-        if self.holder is not None:
-            if copied.bin is None:
-                sends.append(self._isend(torch.tensor([0, -1], dtype=torch.int64)))
-            else:
-                meta = encode_manifest(copied.manifest)
-                n = copied.manifest["nbytes"]
-                sends += [
-                    self._isend(torch.tensor([meta.numel(), n], dtype=torch.int64)),
-                    self._isend(meta),
-                    self._isend(self.own.maps[copied.bin][:n]),
-                ]
+        sends = (
+            isend_slot(copied.manifest, self.own.maps.get(copied.bin), self.holder, self.group)
+            if self.holder is not None
+            else []
+        )
         held, errors = {}, [copied.error] if copied.error else []
         for w in self.wards:
             try:
@@ -181,22 +171,15 @@ class Snapshotter:
             line["error"] = "; ".join(errors)[:500]
         return line
 
-    def _isend(self, t: torch.Tensor):
-        return dist.isend(t, self.holder, group=self.group)
-
     def _recv(self, t: torch.Tensor, src: int) -> None:
         dist.recv(t, src, group=self.group)
 
     def _receive(self, ward: int) -> int | None:
         """One ward's copy into its next held slot; its step, or None when it sent none."""
-        hdr = torch.empty(2, dtype=torch.int64)
-        self._recv(hdr, ward)
-        meta_len, nbytes = hdr.tolist()
-        if nbytes < 0:
+        got = recv_manifest(ward, self.group)
+        if got is None:
             return None
-        meta = torch.empty(meta_len, dtype=torch.uint8)
-        self._recv(meta, ward)
-        manifest = json.loads(bytes(meta.numpy()))
+        manifest, nbytes = got
         try:
             _, man_path, image = self.held[ward].claim(nbytes)
         except (OSError, RuntimeError):

@@ -27,8 +27,8 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from worker.snapshots import Slot, SnapshotPlan, complete_slots
 from worker.trainer.distributed import rendezvous_store
-from worker.trainer.snapshot import encode_manifest
 from worker.trainer.snapshot_state import load
+from worker.trainer.snapshot_wire import isend_slot, recv_manifest
 from worker.trainer.train_state import DataStream
 
 AGREE_TIMEOUT_S = 120.0  # every rank lists a few files: far below any restore from disk
@@ -71,23 +71,19 @@ def agree_step(plan: SnapshotPlan, rank: int, world: int, disk_step: int | None)
     return step
 
 
-def _send(slot: Slot, dst: int) -> list:
-    meta = encode_manifest(slot.manifest)
+def _map(slot: Slot) -> torch.Tensor:
     n = slot.manifest["nbytes"]
-    image = torch.from_file(str(slot.bin), shared=False, size=n, dtype=torch.uint8)
-    hdr = torch.tensor([meta.numel(), n], dtype=torch.int64)
-    return [dist.isend(t, dst) for t in (hdr, meta, image)]
+    return torch.from_file(str(slot.bin), shared=False, size=n, dtype=torch.uint8)
 
 
 def _receive(src: int) -> tuple[dict, torch.Tensor]:
-    hdr = torch.empty(2, dtype=torch.int64)
-    dist.recv(hdr, src)
-    meta_len, n = hdr.tolist()
-    meta = torch.empty(meta_len, dtype=torch.uint8)
-    dist.recv(meta, src)
+    got = recv_manifest(src)
+    if got is None:
+        raise RuntimeError(f"rank {src} sent no snapshot though the world agreed on one")
+    manifest, n = got
     image = torch.empty(n, dtype=torch.uint8)
     dist.recv(image, src)
-    return json.loads(bytes(meta.numpy())), image
+    return manifest, image
 
 
 def restore_from_memory(
@@ -109,13 +105,15 @@ def restore_from_memory(
     if step is None:
         return None
     mine = _slots(plan, rank)
-    sends = [t for state, slots in mine.items() if state != rank for t in _send(slots[step], state)]
+    sends = [
+        w
+        for state, slots in mine.items()
+        if state != rank
+        for w in isend_slot(slots[step].manifest, _map(slots[step]), state)
+    ]
     source = plan.sources[rank]
     if source == rank:
-        slot = mine[rank][step]
-        n = slot.manifest["nbytes"]
-        manifest = slot.manifest
-        image = torch.from_file(str(slot.bin), shared=False, size=n, dtype=torch.uint8)
+        manifest, image = mine[rank][step].manifest, _map(mine[rank][step])
     else:
         manifest, image = _receive(source)
     if manifest["step"] != step or manifest["rank"] != rank:
