@@ -82,19 +82,26 @@ class RankReport(Record):
     # wards, the oldest of their newest copies: every ward has at least that step)
     snapshot_step: int | None = None
     held_step: int | None = None
+    # silent data corruption (docs/architecture.md, "Silent data corruption"): the trainer's
+    # evidence, the same dict from every rank of the job, which then exits with code 4:
+    # step (the check that found it), clean_step (the newest checked step: the rollback
+    # target), tensor (the first mismatching tensor), ranks (whose fingerprints disagreed),
+    # suspects (ranks blamed by re-execution; empty: it could not tell), detail (a sentence)
+    sdc: dict[str, Any] | None = None
 
 
 class FaultRecord(Record):
     """One faulty rank, as fault handling saw it."""
 
-    cause: (
-        str  # TrainerKilled | WorkerDead | RankHung | Straggler | TrainerFailed | RepeatedFailures
-    )
+    # TrainerKilled | WorkerDead | RankHung | Straggler | TrainerFailed | RepeatedFailures |
+    # JobStalled | SilentDataCorruption | SilentDataCorruptionUnattributed
+    cause: str
     rank: int
     worker: str
     coord: dict[str, int]
     fault_at: float
     detail: str
+    evidence: dict[str, Any] | None = None  # what proved it, where a report carries it (sdc)
 
 
 class Quarantine(Record):

@@ -10,7 +10,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -241,6 +241,72 @@ class SnapshotSpec(Strict):
     )
 
 
+class SdcSpec(Strict):
+    enabled: bool = Field(
+        default=True,
+        description="Compare a fingerprint of every tensor of the parameters and optimizer state "
+        "across DP replicas that must hold bitwise-identical state, to catch silent data "
+        'corruption (docs/fault-tolerance.md, "Silent data corruption"). Only layouts with '
+        "replicas (parallel.zero 0, dp > 1) have anything to compare.",
+    )
+    every_steps: int = Field(
+        default=10,
+        gt=0,
+        le=MAX_STEPS,
+        description="Compare fingerprints every this many optimizer steps, and before every "
+        "disk checkpoint save (so no checkpoint holds unchecked state). A corruption is found "
+        "within every_steps steps and the job rolls back to the newest checked state, so a "
+        "smaller value redoes fewer steps after a detection but checks more often (each check "
+        "hashes the rank's state and all-gathers one number per tensor).",
+    )
+    anomaly_window: int = Field(
+        default=50,
+        ge=8,
+        le=10000,
+        description="Steps of loss and gradient norm over which a robust z-score (median and "
+        "MAD) is taken; a step beyond anomaly_z is reported as an event, never acted on.",
+    )
+    anomaly_z: float = Field(
+        default=8.0,
+        gt=0,
+        le=1000,
+        description="The robust z-score of the loss or gradient norm above which a step is "
+        "reported as an anomaly (an event only: a loss spike is not proof of corruption).",
+    )
+
+
+class BitFlip(Strict):
+    rank: int = Field(ge=0, description="The rank whose state is corrupted (< dp*pp*tp).")
+    step: int = Field(
+        ge=1,
+        le=MAX_STEPS,
+        description="The step at which the bit is flipped (<= train.steps; steps are counted "
+        'as completed optimizer steps, docs/architecture.md, "Records").',
+    )
+    tensor: Literal["param", "grad", "optim"] = Field(
+        description="Which state of the rank: a parameter, a gradient (before the optimizer "
+        "step) or an optimizer state tensor."
+    )
+    bit: int = Field(
+        default=30,
+        ge=0,
+        le=31,
+        description="Which bit of one fp32 element to flip: 30, the top exponent bit, makes "
+        "the value huge (or tiny), 0 changes the last mantissa bit.",
+    )
+
+
+class ChaosSpec(Strict):
+    """Fault injection for testing detection; admitted only by a controller started with
+    --allow-chaos and only from an admin token (docs/security.md, "Fault injection")."""
+
+    bitflip: list[BitFlip] = Field(
+        default=[],
+        max_length=64,
+        description="Flip one bit of one rank's state at a chosen step, once each.",
+    )
+
+
 class JobSpec(Strict):
     name: str = Field(min_length=1, max_length=63)
     model: ModelSpec
@@ -250,6 +316,12 @@ class JobSpec(Strict):
     checkpoint: CheckpointSpec = CheckpointSpec()
     fault_tolerance: FaultToleranceSpec = FaultToleranceSpec()
     snapshot: SnapshotSpec = SnapshotSpec()
+    sdc: SdcSpec = SdcSpec()
+    chaos: ChaosSpec | None = Field(
+        default=None,
+        description="Fault injection (tests and demonstrations only): refused unless the "
+        "controller runs with --allow-chaos and the submitter is an admin.",
+    )
 
 
 @dataclass(frozen=True)
@@ -388,18 +460,75 @@ def consistency_problems(s: JobSpec) -> list[Problem]:
         bad("fault_tolerance.min_dp", f"min_dp ({ft.min_dp}) cannot exceed parallel.dp ({p.dp})")
     if s.data.kind == "text" and m.vocab < 256:
         bad("model.vocab", f"text data is bytes and needs vocab >= 256 (got {m.vocab})")
+    out += chaos_problems(s)
     return out
+
+
+def chaos_problems(s: JobSpec) -> list[Problem]:
+    """Every bit flip must land on a rank and a step the job has."""
+    if s.chaos is None:
+        return []
+    p, steps = s.parallel, s.train.steps
+    out: list[Problem] = []
+    if p.auto and s.chaos.bitflip:
+        out.append(
+            Problem(
+                "chaos.bitflip",
+                "bit flips name ranks of a fixed layout, but parallel.auto lets the planner "
+                "choose it; set parallel.dp, pp and tp and remove parallel.auto",
+            )
+        )
+    for i, flip in enumerate(s.chaos.bitflip):
+        if flip.rank >= p.world_size:
+            out.append(
+                Problem(
+                    f"chaos.bitflip[{i}].rank",
+                    f"rank {flip.rank} does not exist: dp*pp*tp = {p.dp}*{p.pp}*{p.tp} = "
+                    f"{p.world_size} ranks; choose a rank below {p.world_size}",
+                )
+            )
+        if flip.step > steps:
+            out.append(
+                Problem(
+                    f"chaos.bitflip[{i}].step",
+                    f"step {flip.step} is never reached: train.steps is {steps}; choose a step "
+                    f"from 1 to {steps}",
+                )
+            )
+    return out
+
+
+def _walk(loc: tuple) -> tuple[str, Any]:
+    """The field a pydantic error location names, as a user writes it
+    (`chaos.bitflip[0].rank`: list items by index in brackets), and the annotation there
+    (None where the location leaves the models)."""
+    name, annotation = "", JobSpec
+    for part in loc:
+        if isinstance(part, int):
+            bracket = get_origin(annotation) is list
+            name += f"[{part}]" if bracket else f".{part}"
+            continue
+        field = getattr(_model_in(annotation), "model_fields", {}).get(part)
+        annotation = field.annotation if field is not None else None
+        name += f".{part}" if name else str(part)
+    return name, annotation
+
+
+def _model_in(annotation: Any) -> Any:
+    """The model inside `X | None` or `list[X]`, else the annotation itself."""
+    models = [a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+    return models[0] if models else annotation
+
+
+# Keys never suggested for a mistyped one: the fault-injection hook is for tests, and a
+# user who misspelled another key should not be pointed at it.
+UNLISTED_KEYS = {"chaos"}
 
 
 def _known_keys(loc: tuple) -> list[str]:
     """The valid keys of the model at `loc` (for 'unknown key' messages)."""
-    model: Any = JobSpec
-    for part in loc[:-1]:
-        field = getattr(model, "model_fields", {}).get(part)
-        if field is None:
-            return []
-        model = field.annotation
-    return sorted(getattr(model, "model_fields", {}))
+    _, annotation = _walk(loc[:-1])
+    return sorted(set(getattr(_model_in(annotation), "model_fields", {})) - UNLISTED_KEYS)
 
 
 # Type errors of the strict model, said with the fix.
@@ -424,7 +553,7 @@ def _shown(value: Any) -> str:
 
 def _problem_from_pydantic(err: dict) -> Problem:
     loc = tuple(err["loc"])
-    field = ".".join(str(x) for x in loc) or "(spec)"
+    field = _walk(loc)[0] or "(spec)"
     kind, msg = err["type"], err["msg"]
     if kind == "extra_forbidden":
         keys = _known_keys(loc)
