@@ -93,6 +93,7 @@ class StackConfig:
         None  # None: start our own; else one the controller may manage ACL users on
     )
     warm: int = 1
+    allow_chaos: bool = False  # the controller's --allow-chaos (controller/chaos_gate.py)
 
 
 RESTARTS = 5  # at most this many restarts of one part (redis, controller, agents) ...
@@ -214,6 +215,7 @@ class LocalStack:
                 str(data),
                 "--checkpoint-root-allow",
                 str(ckpt),
+                *(["--allow-chaos"] if self.cfg.allow_chaos else []),
             ],
         )
         for i in range(self.cfg.workers):

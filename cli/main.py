@@ -109,6 +109,7 @@ def _stack(args: argparse.Namespace) -> LocalStack:
             run_dir=args.run_dir.resolve(),
             redis_url=os.environ.get("REDIS_URL") or None,
             warm=args.warm,
+            allow_chaos=args.allow_chaos,
         )
     )
 
@@ -192,6 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("up", help="run redis-server, the controller and N agents locally")
     stack_opts(p, 4, ".meshkeeper/up")
+    p.add_argument(
+        "--allow-chaos",
+        action="store_true",
+        help="the controller accepts specs with chaos (fault injection) from the admin token",
+    )
     p.set_defaults(fn=cmd_up)
     p = sub.add_parser("demo", help="up + a small 3D job, a rank killed mid-run, the recovery")
     stack_opts(p, 9, ".meshkeeper/demo")
@@ -202,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kill-rank", type=int, help="default: the rank after the middle one")
     p.add_argument("--no-kill", action="store_true", help="no fault: just train")
     p.add_argument("--interval", type=float, default=0.5)
-    p.set_defaults(fn=cmd_demo)
+    p.set_defaults(fn=cmd_demo, allow_chaos=False)  # the demo injects nothing
     p = sub.add_parser("submit", help="submit a job spec (YAML/JSON)")
     p.add_argument("spec")
     p.add_argument("--watch", action="store_true", help="then watch it to the end")

@@ -117,6 +117,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "None: specs may not set checkpoint.root",
     )
     ap.add_argument(
+        "--allow-chaos",
+        action="store_true",
+        help="accept specs with a chaos section (fault injection: bit flips in a rank's state) "
+        'from admin tokens; for test clusters only (docs/security.md, "Fault injection")',
+    )
+    ap.add_argument(
         "--quota",
         type=_quota,
         action="append",
@@ -178,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     if (why := refuse_without_admin(auth)) is not None:
         print(f"controller: {why}", file=sys.stderr)
         return 2
+    if args.allow_chaos:  # loud, like --insecure-no-auth: it is a test cluster's setting
+        logging.getLogger("meshkeeper.admission").warning(
+            "--allow-chaos: admin tokens may submit fault injection (chaos: bit flips)"
+        )
     import uvicorn  # after argument errors, which need no server
 
     from controller.app import create_app
@@ -193,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
             quotas=Quotas(args.default_quota, dict(args.quota)),
         ),
         agent_redis_url=args.agent_redis_url,
-        admission=AdmissionConfig(tuple(args.data_root), tuple(args.checkpoint_root_allow)),
+        admission=AdmissionConfig(
+            tuple(args.data_root), tuple(args.checkpoint_root_allow), args.allow_chaos
+        ),
         retention=RetentionConfig(args.job_retention, args.worker_retention, args.archive_dir),
     )
     ctl = Controller(cfg)

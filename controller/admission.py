@@ -46,6 +46,7 @@ class Quotas:
 class AdmissionConfig:
     data_roots: tuple[Path, ...] = ()  # controller --data-root
     checkpoint_roots: tuple[Path, ...] = ()  # controller --checkpoint-root-allow
+    allow_chaos: bool = False  # controller --allow-chaos (controller/chaos_gate.py)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from starlette.routing import Match
 from controller import agents_api, history, jobs, plan_api, web
 from controller.admission import admit
 from controller.auth import ADMIN, METRICS, READ, SUBMIT, Auth, Denied, Principal, may_cancel
+from controller.chaos_gate import chaos_refusal
 from controller.conditions import PHASES, TERMINAL
 from controller.discovery import worker_targets
 from controller.jobs import JOB_ID_RE, Job
@@ -174,7 +175,9 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
         ] = None,
     ) -> dict:
         """Submit a job spec (JSON, `Content-Type: application/json`). 201 with the job id;
-        422 lists every problem. The job's owner is the token's name."""
+        422 lists every problem. The job's owner is the token's name. A spec with `chaos`
+        (fault injection) needs an admin token (else 403) and a controller started with
+        `--allow-chaos` (else 422)."""
         if idempotency_key is not None and not jobs.IDEMPOTENCY_KEY_RE.match(idempotency_key):
             raise ApiError(
                 422,
@@ -189,6 +192,9 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
         data = await _read_json(request)
         try:
             spec = parse_spec(data)
+            if no := chaos_refusal(spec, who, ctl.cfg.admission.allow_chaos):
+                problem = {"field": no.problem.field, "message": no.problem.message}
+                raise ApiError(no.status, no.detail, [problem])
             # what can never run here: paths outside the roots, over quota, beyond the pool;
             # a `parallel.auto` spec comes back with the planner's layout
             spec = await run_in_threadpool(

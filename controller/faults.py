@@ -51,8 +51,12 @@ def decide(ctx: Pass, view: JobView, seen: dict[str, float] | None) -> Decision 
     why = health.deterministic_failure(ranks)
     if why:
         return Finish("Failed", "TrainerFailed", why)
+    if health.corruption_pending(ranks, ft.hang_after_s, ctx.now):
+        return None  # the other ranks are exiting with the same evidence: let them finish
     faults = (
-        health.dead_or_killed(ranks, seen, ft.dead_after_s, ctx.now)
+        # before the rest: the other ranks' exits (code 4) are collateral of the corruption
+        health.silent_corruption(ranks, ctx.now)
+        or health.dead_or_killed(ranks, seen, ft.dead_after_s, ctx.now)
         or aborts.blame_after_aborts(ranks, ctx.now)
         or (health.hangs(ranks, ft.hang_after_s, ctx.now) if seen is not None else [])
         or health.collateral_only(ranks, ctx.now, seen)

@@ -13,6 +13,8 @@ server time `now`; each fault found is a `FaultRecord` (services/records.py):
 When one rank dies the others of its world fail soon after with collective errors; those
 exits are collateral and are not blamed. Exits with a deterministic cause (bad spec or data,
 non-finite loss, an OOM kill) fail the job instead: a restart would only repeat them.
+Silent data corruption is the trainers' own finding (exit code 4 with the evidence in the
+report's `sdc`): the ranks re-execution blamed are faulty, the others' exits are collateral.
 
 Hangs are blamed by collective progress (worker/progress.py): each rank reports how many of
 its steps' collective phases it entered and left. The ranks waiting inside a collective have
@@ -32,10 +34,14 @@ STARTUP_GRACE_S = (
     300.0  # per start-up milestone (import, rendezvous, restore): loaded hosts are slow
 )
 DETERMINISTIC_EXITS = {2: "invalid spec or data", 3: "non-finite loss or gradient"}
-BLAMELESS = ("TrainerFailed", "JobStalled")  # restart the same workers: none is at fault
+# restart the same workers: none is at fault (or, for a corruption re-execution could not
+# attribute, none can be named without quarantining healthy ones)
+BLAMELESS = ("TrainerFailed", "JobStalled", "SilentDataCorruptionUnattributed")
 
 
-def fault(cause: str, r: RankStatus, fault_at: float, detail: str) -> FaultRecord:
+def fault(
+    cause: str, r: RankStatus, fault_at: float, detail: str, evidence: dict | None = None
+) -> FaultRecord:
     return FaultRecord(
         cause=cause,
         rank=r.rank,
@@ -43,6 +49,7 @@ def fault(cause: str, r: RankStatus, fault_at: float, detail: str) -> FaultRecor
         coord=r.coord.model_dump(),
         fault_at=fault_at,
         detail=detail,
+        evidence=evidence,
     )
 
 
@@ -79,6 +86,68 @@ def dead_or_killed(
                 )
             )
     return out
+
+
+def silent_corruption(ranks: list[RankStatus], now: float) -> list[FaultRecord]:
+    """The faults of a silent data corruption the trainers found (docs/architecture.md,
+    "Silent data corruption"): one `SilentDataCorruption` per rank that re-execution blamed
+    (its worker is quarantined and the rank moves to a spare). When re-execution could not
+    tell (no suspect), one `SilentDataCorruptionUnattributed` per rank whose fingerprint
+    disagreed: blameless, the world restarts in place from the newest checked state, since
+    blaming every disagreeing rank would quarantine healthy workers. Empty: no report."""
+    reporting = [r for r in ranks if r.sdc]
+    if not reporting:
+        return []
+    first = min(reporting, key=lambda r: (_num(r.exited_at, now), r.rank))
+    evidence = first.sdc or {}
+    at = _num(first.exited_at, now)
+    by_rank = {r.rank: r for r in ranks}
+    suspects = [by_rank[n] for n in _rank_list(evidence.get("suspects")) if n in by_rank]
+    found = (
+        f"fingerprints of {evidence.get('tensor', 'a tensor')} disagree between ranks "
+        f"{_rank_list(evidence.get('ranks'))} at the check of step {evidence.get('step')}"
+    )
+    rollback = f"rolling back to step {evidence.get('clean_step')}, the newest checked state"
+    told = f": {evidence['detail']}" if evidence.get("detail") else ""
+    if suspects:
+        return [
+            fault(
+                "SilentDataCorruption",
+                r,
+                at,
+                f"{found}; re-execution blames rank {r.rank}; {rollback}{told}",
+                evidence,
+            )
+            for r in suspects
+        ]
+    disagreeing = [by_rank[n] for n in _rank_list(evidence.get("ranks")) if n in by_rank]
+    return [
+        fault(
+            "SilentDataCorruptionUnattributed",
+            r,
+            at,
+            f"{found}; re-execution could not tell which rank is wrong, so nobody is blamed: "
+            f"restarting in place, {rollback}{told}",
+            evidence,
+        )
+        for r in disagreeing or [first]
+    ]
+
+
+def corruption_pending(ranks: list[RankStatus], bound_s: float, now: float) -> bool:
+    """A rank reported a corruption and others still run, for less than `bound_s`: they found
+    the same mismatch in the same collective and are exiting with the same evidence after
+    dropping their unchecked snapshots. A new generation now would stop them before that, and
+    the restore could agree on an unchecked (corrupt) step."""
+    reported = [_num(r.exited_at, now) for r in ranks if r.sdc]
+    running = any(r.state in ("assigned", "starting", "running") for r in ranks)
+    return bool(reported) and running and now - min(reported) < bound_s
+
+
+def _rank_list(value: object) -> list[int]:
+    """Rank numbers from the trainer's evidence; anything else in it is ignored."""
+    items = value if isinstance(value, list) else []
+    return [n for n in items if isinstance(n, int) and not isinstance(n, bool)]
 
 
 def deterministic_failure(ranks: list[RankStatus]) -> str | None:

@@ -1,12 +1,13 @@
 """Blame beyond one recovery: collateral strikes and quarantine (docs/architecture.md,
 "Failure handling").
 
-A worker blamed for a fault the cause of which points at the worker itself is kept out of
-the free pool for the spec's `fault_tolerance.quarantine_s`, then re-admitted only once its
-agent's health probe passed (worker/probe.py). A trainer killed from outside (TrainerKilled)
-or a silent host (WorkerDead, restarted by its pool) says nothing about the worker's health.
-Whole-world failures with no root cause strike the worker whose rank exited first; enough
-strikes and it is blamed too (controller/faults.py).
+A worker blamed for a fault the cause of which points at the worker itself (a hung rank, a
+straggler, repeated collateral failures, a silent data corruption re-execution blamed on it)
+is kept out of the free pool for the spec's `fault_tolerance.quarantine_s`, then re-admitted
+only once its agent's health probe passed (worker/agent/probe.py). A trainer killed from
+outside (TrainerKilled) or a silent host (WorkerDead, restarted by its pool) says nothing
+about the worker's health. Whole-world failures with no root cause strike the worker whose
+rank exited first; enough strikes and it is blamed too (controller/faults.py).
 
 `worker:{wid}:health` is controller-written; the agent only reads it.
 """
@@ -21,7 +22,7 @@ from services.records import FaultRecord, Quarantine
 from services.store import Keys, Store, Tx, loads
 
 log = logging.getLogger("meshkeeper.recovery")
-QUARANTINED = ("RankHung", "Straggler", "RepeatedFailures")
+QUARANTINED = ("RankHung", "Straggler", "RepeatedFailures", "SilentDataCorruption")
 
 
 @dataclass(frozen=True)

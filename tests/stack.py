@@ -364,11 +364,14 @@ class Stack:
         self.client = self.controller.client()
 
     def start_controller(self) -> Controller:
+        """A controller replica; it accepts fault injection (`chaos`) from the admin token,
+        `self.client`'s, for the silent-data-corruption chaos tests."""
         c = Controller(
             self.redis.controller_url,
             self.work / "logs",
             f"controller-{len(self.controllers)}",
             self.secrets,
+            ["--allow-chaos"],
         )
         self.controllers.append(c)
         return c

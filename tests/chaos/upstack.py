@@ -25,7 +25,9 @@ class UpStack:
         self.work, self.url = run, f"http://127.0.0.1:{port}"
         self.log = run.parent / "up.log"
         env = {k: v for k, v in ENV.items() if k != "REDIS_URL"}
+        # --allow-chaos: the silent-data-corruption tests submit bit flips with the admin token
         argv = [sys.executable, "-m", "cli", "up", "--workers", str(workers), "--warm", "1"]
+        argv += ["--allow-chaos"]
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 [*argv, "--port", str(port), "--run-dir", str(run)],
