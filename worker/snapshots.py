@@ -115,6 +115,14 @@ def complete_slots(d: Path, generation: int) -> dict[int, Slot]:
     return out
 
 
+def discard_after(d: Path, generation: int, step: int | None) -> None:
+    """Make every complete slot in `d` newer than `step` (all of them for None) incomplete, by
+    removing its manifest: state taken after a failed corruption check is never restored."""
+    for s, slot in complete_slots(d, generation).items():
+        if step is None or s > step:
+            slot.bin.with_suffix(".json").unlink(missing_ok=True)
+
+
 def prune_generations(job_dir: Path, keep: set[int]) -> None:
     """Delete the job's generation directories not in `keep` (the current generation and
     the one it restores from)."""

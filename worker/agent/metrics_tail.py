@@ -48,6 +48,19 @@ class SnapshotTaken(Record):
     error: str | None = None
 
 
+class CorruptionFound(Record):
+    """DP replicas' fingerprints disagreed (worker/trainer/sdc.py): the evidence every rank of
+    the world reports before it exits with code 4 (RankReport.sdc)."""
+
+    event: Literal["sdc"]
+    step: int  # the check that found it
+    clean_step: int | None  # the newest checked step: what a recovery rolls back to
+    tensor: str
+    ranks: list[int]  # the replicas that disagreed
+    suspects: list[int]  # the ranks the replay (or a majority) blames; empty: nobody could tell
+    detail: str
+
+
 class CheckpointCommitted(Record):
     event: Literal["checkpoint"]
     step: int
@@ -74,6 +87,7 @@ TrainerLine = (
     | Milestone
     | Restored
     | SnapshotTaken
+    | CorruptionFound
     | CheckpointCommitted
     | CheckpointFailed
     | OtherEvent
@@ -84,6 +98,7 @@ EVENTS: dict[str, type[Record]] = {
     "ready": Milestone,
     "restored": Restored,
     "snapshot": SnapshotTaken,
+    "sdc": CorruptionFound,
     "checkpoint": CheckpointCommitted,
     "checkpoint_failed": CheckpointFailed,
 }

@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.records import StepRecord
-from worker.agent.metrics_tail import Milestone, Restored, SnapshotTaken, TrainerLine
+from worker.agent.metrics_tail import (
+    CorruptionFound,
+    Milestone,
+    Restored,
+    SnapshotTaken,
+    TrainerLine,
+)
 
 
 @dataclass
@@ -35,6 +41,7 @@ class RankProgress:
     snapshot_step: int | None = None  # newest complete own in-memory snapshot
     held_step: int | None = None  # newest step of which every ward's copy arrived here
     snapshot_error: str | None = None  # the latest snapshot failure
+    sdc: dict[str, Any] | None = None  # silent data corruption found (RankReport.sdc)
     computes: deque[float] = field(default_factory=deque)  # compute_s over the window
 
     def __post_init__(self) -> None:
@@ -58,6 +65,8 @@ class RankProgress:
             if line.held:
                 self.held_step = min(line.held.values())
             self.snapshot_error = line.error
+        elif isinstance(line, CorruptionFound):
+            self.sdc = line.model_dump(exclude={"event"})
         elif isinstance(line, StepRecord):
             self.last, self.state = line, "running"
             if self.first_step_at is None:
@@ -96,4 +105,5 @@ class RankProgress:
             "restored_from": self.restored_from,
             "snapshot_step": self.snapshot_step,
             "held_step": self.held_step,
+            "sdc": self.sdc,
         }

@@ -6,7 +6,9 @@ Without them it runs as a single process.
 
 Exit codes the controller reads as deterministic failures (a restart would repeat them;
 docs/architecture.md, "Failure handling"): 2 for a spec, data or checkpoint that cannot be
-used as given, 3 for a non-finite loss or gradient.
+used as given, 3 for a non-finite loss or gradient. Exit code 4: DP replicas' state disagreed
+(silent data corruption, worker/trainer/sdc.py); the evidence is the metrics file's `sdc`
+line, and the controller replaces the blamed rank's worker and rolls back.
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ from services.spec import JobSpec, SpecError, check_world_size, load_spec
 from worker.ckpt_store import CheckpointStore, read_history
 from worker.progress import Collectives, counters_path
 from worker.snapshots import SnapshotPlan
+from worker.trainer.chaos import BitFlips
 from worker.trainer.checkpoint import Checkpointer, restored_line
 from worker.trainer.data import DataError
 from worker.trainer.distributed import init_distributed, shutdown_distributed
 from worker.trainer.metrics_file import MetricsFile
 from worker.trainer.parallel import ParallelDims, RankContext
+from worker.trainer.sdc import ReplicaCheck, SilentCorruption
+from worker.trainer.sdc_guard import CorruptionGuard
 from worker.trainer.snapshot import Snapshotter
 from worker.trainer.snapshot_restore import restore_from_memory
 from worker.trainer.snapshot_state import capture
@@ -161,6 +166,21 @@ def resume(
     return restored.step
 
 
+def corrupted(
+    e: SilentCorruption, ckpt: Checkpointer | None, snaps: Snapshotter | None, metrics: MetricsFile
+) -> int:
+    """Report the evidence, keep only checked snapshots for the recovery, exit 4."""
+    metrics.write({"event": "sdc", **e.evidence})
+    if ckpt:
+        ckpt.close()
+    if snaps:
+        snaps.close()
+        snaps.discard_after(e.evidence["clean_step"])
+    metrics.close()
+    print(f"meshkeeper: silent data corruption: {e}", file=sys.stderr, flush=True)
+    return 4
+
+
 def data_stream(spec: JobSpec) -> DataStream:
     return DataStream(spec.data.seed, spec.train.global_batch)
 
@@ -203,39 +223,73 @@ def run(args: argparse.Namespace) -> int:
             if args.snapshot_plan
             else None
         )
-        snaps = Snapshotter(plan, rank, device, metrics.write) if plan else None
+        checks = ReplicaCheck.applies(spec)
+        snaps = Snapshotter(plan, rank, device, metrics.write, pin_checked=checks) if plan else None
+        guard = CorruptionGuard(ReplicaCheck(spec, ctx), trainer, snaps) if checks else None
+        flips = (
+            BitFlips(
+                spec.chaos.bitflip,
+                rank,
+                args.generation,
+                trainer.parts,
+                trainer.optimizers,
+                metrics.write,
+            )
+            if spec.chaos and spec.chaos.bitflip
+            else None
+        )
         start = resume(ckpt, plan, trainer, spec, say, metrics)
         metrics.write({"event": "ready", "ready_at": time.time(), "start_step": start})
         results: list[StepResult] = []
         every, steps = spec.checkpoint.every_steps, spec.train.steps
 
-        def before_update() -> None:  # nothing still copying may see the parameters change
-            if ckpt:
+        def before_update(step: int) -> None:
+            if ckpt:  # nothing still copying may see the parameters change
                 ckpt.wait_staged()
             if snaps:
                 snaps.wait_copied()
+            if flips:
+                flips.before_update(step)
 
-        for index in range(start, steps):
-            r = trainer.train_step(index, before_update=before_update)
-            results.append(r)
-            metrics.step(r)
+        def settle(step: int, checked: bool) -> None:
+            """Check the state after `step` when due, then snapshot it; the start state too,
+            so a fault before the first periodic snapshot still restores from memory."""
+            if checked and guard:
+                guard.verify(step)
             if snaps:
                 snaps.poll()
-                if snaps.due(r.step):
-                    state = data_stream(spec).train_state(r.step)
+                if snaps.due(step) or checked:
+                    state = data_stream(spec).train_state(step)
                     parts = (trainer.parts, trainer.optimizers, trainer.schedulers)
-                    snaps.take(r.step, capture(*parts, state))
-            if not args.quiet:
-                say(
-                    f"step {r.step:>6}/{steps}  loss {r.loss:.4f}  lr {r.lr:.2e}  "
-                    f"|g| {r.grad_norm:.3f}  {r.tokens / r.step_s:,.0f} tok/s  "
-                    f"{r.step_s * 1e3:.0f} ms",
-                    flush=True,
-                )
-            if ckpt:
-                ckpt.poll()
-                if r.step % every == 0 or r.step == steps:
-                    ckpt.save(r.step)
+                    snaps.take(step, capture(*parts, state), checked=checked and guard is not None)
+
+        try:
+            if start < steps:
+                settle(start, checked=True)
+            for index in range(start, steps):
+                r = trainer.train_step(index, before_update=lambda s=index + 1: before_update(s))
+                if flips:
+                    flips.after_step(r.step)
+                if guard:
+                    guard.record(r.step)
+                results.append(r)
+                metrics.step(r)
+                save = ckpt is not None and (r.step % every == 0 or r.step == steps)
+                # a checkpoint is only ever written of checked state
+                settle(r.step, checked=save or (guard is not None and guard.due(r.step)))
+                if not args.quiet:
+                    say(
+                        f"step {r.step:>6}/{steps}  loss {r.loss:.4f}  lr {r.lr:.2e}  "
+                        f"|g| {r.grad_norm:.3f}  {r.tokens / r.step_s:,.0f} tok/s  "
+                        f"{r.step_s * 1e3:.0f} ms",
+                        flush=True,
+                    )
+                if ckpt:
+                    ckpt.poll()
+                    if save:
+                        ckpt.save(r.step)
+        except SilentCorruption as e:
+            return corrupted(e, ckpt, snaps, metrics)
         if ckpt:
             ckpt.close()
         if snaps:

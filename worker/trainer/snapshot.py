@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from worker.snapshots import SnapshotPlan, slot_paths, write_manifest
+from worker.snapshots import SnapshotPlan, discard_after, slot_paths, write_manifest
 from worker.trainer.snapshot_state import Captured, copy_into, layout
 from worker.trainer.snapshot_wire import isend_slot, recv_manifest
 
@@ -49,21 +49,40 @@ class Copied:
 
 
 class Ring:
-    """`keep` slots in one directory, written in turn; mapped once and reused."""
+    """`keep` slots in one directory, written in turn; mapped once and reused. With `pin`, one
+    slot more: the newest snapshot taken right after a passed corruption check stays out of
+    the turn until a newer checked one lands, so a rollback always finds a clean state
+    (worker/trainer/sdc.py)."""
 
-    def __init__(self, d: Path, keep: int):
-        self.d, self.keep, self.next = d, keep, 0
+    def __init__(self, d: Path, keep: int, pin: bool = False):
+        self.d, self.size, self.next = d, keep + int(pin), 0
         self.maps: dict[Path, torch.Tensor] = {}
+        self.pin, self.pinned = pin, None  # pinned: (slot index, manifest)
 
-    def claim(self, nbytes: int) -> tuple[Path, Path, torch.Tensor]:
+    def claim(self, nbytes: int) -> tuple[int, Path, Path, torch.Tensor]:
         """The next slot, its manifest removed first: it is incomplete until rewritten."""
-        bin_path, man_path = slot_paths(self.d, self.next)
-        self.next = (self.next + 1) % self.keep
+        if self.pinned is not None and self.next == self.pinned[0]:
+            self.next = (self.next + 1) % self.size
+        i = self.next
+        bin_path, man_path = slot_paths(self.d, i)
+        self.next = (i + 1) % self.size
         man_path.unlink(missing_ok=True)
         image = self.maps.get(bin_path)
         if image is None or image.numel() < nbytes:
             image = self.maps[bin_path] = map_file(bin_path, nbytes)
-        return bin_path, man_path, image
+        return i, bin_path, man_path, image
+
+    def commit(self, i: int, man_path: Path, manifest: dict) -> None:
+        write_manifest(man_path, manifest)
+        if self.pin and manifest.get("checked"):
+            self.pinned = (i, manifest)
+
+    def checked(self) -> tuple[dict, torch.Tensor] | None:
+        """The pinned slot's manifest and image."""
+        if self.pinned is None:
+            return None
+        i, manifest = self.pinned
+        return manifest, self.maps[slot_paths(self.d, i)[0]]
 
 
 class Snapshotter:
@@ -73,14 +92,16 @@ class Snapshotter:
         rank: int,
         device: torch.device,
         report: Callable[[dict], None],
+        pin_checked: bool = False,
     ):
+        """`pin_checked`: keep the newest snapshot taken after a passed corruption check."""
         self.plan, self.rank, self.device, self.report = plan, rank, device, report
         self.holder = plan.holders.get(rank)
         self.wards = plan.wards(rank)
         # Created on every rank, in the same order as every other group (a collective call).
         self.group = dist.new_group(backend="gloo")
-        self.own = Ring(plan.own_dir(rank), plan.keep)
-        self.held = {w: Ring(plan.held_dir(w), plan.keep) for w in self.wards}
+        self.own = Ring(plan.own_dir(rank), plan.keep, pin_checked)
+        self.held = {w: Ring(plan.held_dir(w), plan.keep, pin_checked) for w in self.wards}
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="snapshot")
         self.copying: Future | None = None
         self.exchanges: list[Future] = []
@@ -91,14 +112,15 @@ class Snapshotter:
     def due(self, step: int) -> bool:
         return step % self.plan.every == 0
 
-    def take(self, step: int, captured: Captured) -> None:
-        """Snapshot the state after `step` completed steps (tensors captured just now)."""
+    def take(self, step: int, captured: Captured, checked: bool = False) -> None:
+        """Snapshot the state after `step` completed steps (tensors captured just now);
+        `checked`: the corruption check at this step passed."""
         self.wait_copied()
         ready = None
         if self.side is not None:  # the copy must see the optimizer step's results
             ready = torch.cuda.Event()
             ready.record()
-        self.copying = self.thread.submit(self._copy, step, captured, ready)
+        self.copying = self.thread.submit(self._copy, step, captured, ready, checked)
         self.exchanges.append(self.thread.submit(self._exchange, self.copying))
 
     def wait_copied(self) -> None:
@@ -118,14 +140,25 @@ class Snapshotter:
         self.thread.shutdown(wait=True)
         self.poll()
 
+    def checked_slot(self) -> tuple[dict, torch.Tensor] | None:
+        """This rank's newest checked snapshot (manifest, image), once no copy is running."""
+        self.wait_copied()
+        return self.own.checked()
+
+    def discard_after(self, step: int | None) -> None:
+        """After `close`: drop this generation's own and held snapshots newer than `step` (all
+        of them for None), so a recovery's restore agreement finds only checked state."""
+        for d in [self.plan.own_dir(self.rank), *(self.plan.held_dir(w) for w in self.wards)]:
+            discard_after(d, self.plan.generation, step)
+
     # -- the background thread --------------------------------------------------------------
-    def _copy(self, step: int, captured: Captured, ready) -> Copied:
+    def _copy(self, step: int, captured: Captured, ready, checked: bool) -> Copied:
         try:
             key = tuple((k, t.dtype, tuple(t.shape)) for k, t in captured.tensors)
             if self._layout is None or self._layout[0] != key:
                 self._layout = (key, *layout(captured.tensors))
             _, lay, nbytes = self._layout
-            bin_path, man_path, image = self.own.claim(nbytes)
+            i, bin_path, man_path, image = self.own.claim(nbytes)
             if self.side is not None:
                 with torch.cuda.stream(self.side):
                     self.side.wait_event(ready)
@@ -140,8 +173,9 @@ class Snapshotter:
                 "nbytes": nbytes,
                 "tensors": lay,
                 "state": captured.state,
+                "checked": checked,
             }
-            write_manifest(man_path, manifest)
+            self.own.commit(i, man_path, manifest)
             return Copied(step, bin_path, manifest)
         except (OSError, RuntimeError) as e:
             return Copied(step, None, None, f"{type(e).__name__}: {e}")
@@ -181,12 +215,12 @@ class Snapshotter:
             return None
         manifest, nbytes = got
         try:
-            _, man_path, image = self.held[ward].claim(nbytes)
+            i, _, man_path, image = self.held[ward].claim(nbytes)
         except (OSError, RuntimeError):
             self._recv(torch.empty(nbytes, dtype=torch.uint8), ward)  # keep the stream paired
             raise
         self._recv(image[:nbytes], ward)
         if manifest.get("generation") != self.plan.generation or manifest.get("rank") != ward:
             raise ValueError(f"rank {ward} sent a snapshot of another world: {manifest}"[:300])
-        write_manifest(man_path, manifest)
+        self.held[ward].commit(i, man_path, manifest)
         return int(manifest["step"])

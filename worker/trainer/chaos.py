@@ -1,0 +1,73 @@
+"""Fault injection inside the trainer: one flipped bit in one rank's state (the spec's
+`chaos.bitflip`, accepted only by a controller started with --allow-chaos and only from an
+admin; docs/architecture.md, "Silent data corruption").
+
+A flip fires in the job's first generation only (generation 1, or 0 for a standalone run):
+a recovery replays the step it hit, and a flip that fired again would never let the job pass
+it. The flipped element is the first of this rank's largest parameter (its local shard), of
+that parameter's gradient (after the reduction, just before the optimizer step: every replica
+but this one applies the right update), or of its optimizer's first moment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from services.spec import BitFlip
+from worker.trainer.snapshot_state import _local
+
+
+def flip_bit(t: torch.Tensor, bit: int) -> None:
+    """XOR one bit of the first 32-bit word of `t` (an fp32 tensor or its local shard), in
+    place."""
+    word = t.reshape(-1)[:1].view(torch.int32)  # a view: reshape of a contiguous tensor
+    mask = (1 << bit) - (1 << 32 if bit == 31 else 0)  # int32 two's complement
+    word.bitwise_xor_(mask)
+
+
+class BitFlips:
+    def __init__(
+        self,
+        flips: list[BitFlip],
+        rank: int,
+        generation: int,
+        parts: list[nn.Module],
+        optimizers: list[Optimizer],
+        report: Callable[[dict], None],
+    ):
+        self.flips = [f for f in flips if f.rank == rank] if generation <= 1 else []
+        self.report = report
+        # the rank's largest parameter, and its optimizer (pipeline parts have one each)
+        self.name, self.param, self.opt = max(
+            (
+                (n, p, opt)
+                for part, opt in zip(parts, optimizers, strict=True)
+                for n, p in part.named_parameters()
+            ),
+            key=lambda e: e[1].numel(),
+        )
+
+    def before_update(self, step: int) -> None:
+        """Inside step `step`, after the gradient reduction."""
+        for f in self._due(step, "grad"):
+            self._flip(f, self.param.grad, f"{self.name} (grad)")
+
+    def after_step(self, step: int) -> None:
+        for f in self._due(step, "param"):
+            self._flip(f, self.param.detach(), self.name)
+        for f in self._due(step, "optim"):
+            self._flip(f, self.opt.state[self.param]["exp_avg"], f"{self.name} (exp_avg)")
+
+    def _due(self, step: int, tensor: str) -> list[BitFlip]:
+        return [f for f in self.flips if f.step == step and f.tensor == tensor]
+
+    def _flip(self, f: BitFlip, t: torch.Tensor, name: str) -> None:
+        with torch.no_grad():
+            flip_bit(_local(t), f.bit)
+        self.report(
+            {"event": "chaos", "kind": "bitflip", "step": f.step, "tensor": name, "bit": f.bit}
+        )

@@ -1,0 +1,136 @@
+"""Silent data corruption: DP replicas compare fingerprints of their state, and a mismatch is
+blamed by replaying the steps since the newest checked snapshot (docs/architecture.md,
+"Silent data corruption").
+
+Replicas of a layout without ZeRO sharding (the ranks with the same pp and tp coordinates)
+hold bitwise-identical parameters and optimizer state after every step. Every
+`sdc.every_steps` steps each rank sums every state tensor's machine words as integers (one
+flipped bit changes that sum by a power of two, so it never cancels) and the replicas
+all-gather the sums. A disagreement names the tensor, the step and the ranks.
+
+Two replicas cannot outvote each other, so every rank replays the steps since the newest
+checked snapshot (its own, in host memory) with the same batches, and compares its parameters
+after each replayed step with the fingerprint it kept of that step (a local sum every step, no
+collective). Replays are deterministic, so the corrupted rank's parameters leave the clean
+trajectory first: a corruption reaches its replicas only through the next gradient reduction,
+one step later. When no parameter left it (an optimizer-state flip found before the next
+update), the rank whose whole state differs from its replay is blamed. A fault that repeats on
+replay blames nobody by replay; three or more replicas then fall back to the majority.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.optim import Optimizer
+
+from services.spec import JobSpec
+from worker.trainer.parallel import RankContext
+from worker.trainer.snapshot_state import _local
+
+_WORD = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class SilentCorruption(RuntimeError):
+    """Raised on every rank of the world with the same evidence (RankReport.sdc's shape)."""
+
+    def __init__(self, evidence: dict):
+        super().__init__(evidence["detail"])
+        self.evidence = evidence
+
+
+def state_tensors(
+    parts: list[nn.Module], optimizers: list[Optimizer]
+) -> list[tuple[str, torch.Tensor]]:
+    """Every parameter's and optimizer state tensor's local shard, named for a person, in the
+    same order on every replica."""
+    out = []
+    for part, opt in zip(parts, optimizers, strict=True):
+        named = list(part.named_parameters())
+        out += [(n, _local(p.detach())) for n, p in named]
+        by_param = {id(p): n for n, p in named}
+        for p in (q for g in opt.param_groups for q in g["params"]):
+            for k, v in opt.state.get(p, {}).items():
+                if torch.is_tensor(v):
+                    out.append((f"{by_param[id(p)]} ({k})", _local(v)))
+    return out
+
+
+@torch.no_grad()
+def fingerprint(tensors: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
+    """int64 per tensor: the wrapping sum of its machine words read as integers."""
+    sums = [t.reshape(-1).view(_WORD[t.element_size()]).sum(dtype=torch.int64) for _, t in tensors]
+    return torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64)
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """What one DP group found: the first tensor whose sums differ, the group's ranks that
+    disagree, and those outside a strict majority (empty when there is none)."""
+
+    tensor: str
+    ranks: list[int]
+    outvoted: list[int]
+
+
+def disagreement(
+    rows: torch.Tensor, group_ranks: list[int], names: list[str]
+) -> Disagreement | None:
+    """`rows`: one fingerprint row per replica, in `group_ranks` order."""
+    differs = (rows != rows[0]).any(dim=0)
+    if not bool(differs.any()):
+        return None
+    col = int(differs.nonzero()[0])
+    values = rows[:, col].tolist()
+    top = max(set(values), key=values.count)
+    if values.count(top) * 2 <= len(values):  # two replicas, or a tie: nobody is outvoted
+        return Disagreement(names[col], list(group_ranks), [])
+    outvoted = [r for r, v in zip(group_ranks, values, strict=True) if v != top]
+    return Disagreement(names[col], list(group_ranks), outvoted)
+
+
+class ReplicaCheck:
+    """One rank's side of the fingerprint comparison. Every rank of the world calls `check` at
+    the same steps (it ends in a world all-reduce, so PP stages and TP peers stop together)."""
+
+    def __init__(self, spec: JobSpec, ctx: RankContext):
+        self.every, self.ctx = spec.sdc.every_steps, ctx
+        self.group = ctx.mesh["dp"].get_group()
+        self.group_ranks = dist.get_process_group_ranks(self.group)
+
+    @staticmethod
+    def applies(spec: JobSpec) -> bool:
+        """Replicas exist: data parallel without ZeRO sharding."""
+        p = spec.parallel
+        return spec.sdc.enabled and p.dp > 1 and p.zero == 0
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0
+
+    def compare(self, tensors: list[tuple[str, torch.Tensor]], fp: torch.Tensor) -> list:
+        """Every rank's Disagreement (or None), gathered over the world; [] when all agree."""
+        rows = [torch.empty_like(fp) for _ in self.group_ranks]
+        dist.all_gather(rows, fp, group=self.group)
+        found = disagreement(torch.stack(rows), self.group_ranks, [n for n, _ in tensors])
+        flag = torch.tensor([int(found is not None)], device=fp.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if not int(flag):
+            return []
+        every: list = [None] * dist.get_world_size()
+        dist.all_gather_object(every, found)
+        return [d for d in every if d is not None]
+
+
+def blame(reports: list[dict], disagreeing: list[int]) -> list[int]:
+    """The disagreeing ranks the replay blames. `reports`: every rank's {rank,
+    diverged_at (the first step at which its parameters differed from the replay, or None),
+    changed (its whole state after the replay differs from before)}."""
+    diverged = {r["rank"]: r["diverged_at"] for r in reports if r["diverged_at"] is not None}
+    if diverged:
+        first = min(diverged.values())
+        return sorted(r for r in disagreeing if diverged.get(r) == first)
+    changed = {r["rank"] for r in reports if r["changed"]}
+    return sorted(r for r in disagreeing if r in changed)
