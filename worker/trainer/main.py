@@ -27,6 +27,7 @@ from services.spec import JobSpec, SpecError, check_world_size, load_spec
 from worker.ckpt_store import CheckpointStore, read_history
 from worker.progress import Collectives, counters_path
 from worker.snapshots import SnapshotPlan
+from worker.trainer.anomaly import AnomalyWatch
 from worker.trainer.chaos import BitFlips
 from worker.trainer.checkpoint import Checkpointer, restored_line
 from worker.trainer.data import DataError
@@ -238,6 +239,13 @@ def run(args: argparse.Namespace) -> int:
             if spec.chaos and spec.chaos.bitflip
             else None
         )
+        if spec.sdc.enabled and not checks:
+            say(
+                "[meshkeeper] sdc: this layout has no DP replicas with identical state "
+                "(it needs dp > 1 and parallel.zero 0): silent data corruption is not checked",
+                flush=True,
+            )
+        watch = AnomalyWatch(spec.sdc.anomaly_window, spec.sdc.anomaly_z)
         start = resume(ckpt, plan, trainer, spec, say, metrics)
         metrics.write({"event": "ready", "ready_at": time.time(), "start_step": start})
         results: list[StepResult] = []
@@ -274,6 +282,14 @@ def run(args: argparse.Namespace) -> int:
                     guard.record(r.step)
                 results.append(r)
                 metrics.step(r)
+                for line in watch.observe(r.step, r.loss, r.grad_norm):
+                    metrics.write(line)
+                    say(
+                        f"[meshkeeper] step {r.step}: {line['signal']} {line['value']:.4g} is "
+                        f"{line['z']:+.1f} robust sigmas from the last {spec.sdc.anomaly_window} "
+                        "steps' median",
+                        flush=True,
+                    )
                 save = ckpt is not None and (r.step % every == 0 or r.step == steps)
                 # a checkpoint is only ever written of checked state
                 settle(r.step, checked=save or (guard is not None and guard.due(r.step)))

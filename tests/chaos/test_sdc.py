@@ -1,0 +1,57 @@
+"""Silent data corruption (docs/architecture.md, "Silent data corruption"): one bit flipped in
+one rank's parameter, gradient or optimizer state is found by the replicas' fingerprint check
+within sdc.every_steps, blamed on that rank by the replay, its worker is quarantined, and the
+job rolls back to the newest checked snapshot and ends with the loss curve of a run that was
+never corrupted."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.chaos.chaos import EVERY, assert_curve, mesh_spec, rank, start, succeeded
+
+pytestmark = pytest.mark.slow
+
+CHECK_EVERY = 4  # below the checkpoint interval (5): checks run at 4, 5, 8, 10, 12, 15
+
+
+@pytest.mark.parametrize(
+    "parallel, flip",
+    [
+        ({"dp": 2}, {"rank": 1, "step": 6, "tensor": "param"}),
+        ({"dp": 2, "tp": 2}, {"rank": 2, "step": 9, "tensor": "grad"}),
+        ({"dp": 2, "tp": 2}, {"rank": 1, "step": 6, "tensor": "optim"}),
+    ],
+    ids=["dp2-param", "dp2tp2-grad", "dp2tp2-optim"],
+)
+def test_bit_flip_is_found_blamed_and_rolled_back_to_the_exact_loss(
+    stack, uninterrupted, parallel, flip
+):
+    spec = mesh_spec(f"sdc-{flip['tensor']}", parallel={**parallel, "zero": 0})
+    spec["sdc"] = {"every_steps": CHECK_EVERY}
+    # bit 22, the mantissa's top bit: a silent change (an exponent flip would make the loss
+    # non-finite, which fails loudly on its own)
+    spec["chaos"] = {"bitflip": [{**flip, "bit": 22}]}
+    want = uninterrupted(spec)  # the reference run never sees `chaos` (tests/launch.py)
+    w, j = start(stack, spec)
+    culprit = rank(j, flip["rank"]).worker
+    j = w.finish()
+    succeeded(stack, j)
+
+    [rec] = j.recoveries
+    assert (rec.cause, rec.action) == ("SilentDataCorruption", "replace"), rec
+    assert [q.worker for q in rec.quarantined] == [culprit], rec.quarantined
+    [fault] = rec.faults
+    ev = fault.evidence
+    assert (fault.rank, fault.worker) == (flip["rank"], culprit), fault
+    assert ev["suspects"] == [flip["rank"]], ev
+    assert flip["rank"] in ev["ranks"] and len(ev["ranks"]) == 2, ev  # the rank and its replica
+    # found at the first check after the flip, rolled back to the check before it
+    checks = [s for s in range(1, j.steps + 1) if s % CHECK_EVERY == 0 or s % EVERY == 0]
+    assert ev["step"] == min(s for s in checks if s >= flip["step"]), ev
+    assert ev["clean_step"] == max(s for s in checks if s < flip["step"]), ev
+    assert rec.resumed_step == ev["clean_step"], rec
+    assert set(rec.restored_from.values()) <= {"memory", "peer"}, rec.restored_from
+    assert rec.restored_from[str(flip["rank"])] == "peer", rec.restored_from  # not its own copy
+    assert culprit not in {r.worker for r in j.mesh.ranks}
+    assert_curve(stack, j, want, exact=True)

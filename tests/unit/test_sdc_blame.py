@@ -1,0 +1,79 @@
+"""The pure parts of silent-data-corruption checking (worker/trainer/sdc.py,
+worker/trainer/anomaly.py): which replicas disagree, whom a replay blames, what a robust
+z-score flags."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from worker.trainer.anomaly import AnomalyWatch
+from worker.trainer.chaos import flip_bit
+from worker.trainer.sdc import blame, disagreement, fingerprint
+
+NAMES = ["a", "b", "c"]
+
+
+def test_one_flipped_bit_always_changes_the_fingerprint():
+    t = torch.randn(1000)
+    before = fingerprint([("t", t)])
+    for bit in (0, 22, 30, 31):
+        u = t.clone()
+        flip_bit(u, bit)
+        assert int((u.view(torch.int32) != t.view(torch.int32)).sum()) == 1
+        assert fingerprint([("t", u)]) != before, bit
+
+
+def test_replicas_that_agree_have_no_disagreement():
+    rows = torch.tensor([[1, 2, 3], [1, 2, 3]])
+    assert disagreement(rows, [0, 1], NAMES) is None
+
+
+def test_two_replicas_name_the_first_tensor_and_outvote_nobody():
+    rows = torch.tensor([[1, 2, 3], [1, 5, 6]])
+    d = disagreement(rows, [4, 6], NAMES)
+    assert (d.tensor, d.ranks, d.outvoted) == ("b", [4, 6], [])
+
+
+def test_three_replicas_outvote_the_odd_one():
+    rows = torch.tensor([[1, 2, 3], [1, 9, 3], [1, 2, 3]])
+    d = disagreement(rows, [0, 2, 4], NAMES)
+    assert (d.tensor, d.outvoted) == ("b", [2])
+
+
+def _report(rank, diverged_at=None, changed=True):
+    return {"rank": rank, "diverged_at": diverged_at, "changed": changed}
+
+
+def test_replay_blames_the_rank_that_left_the_clean_trajectory_first():
+    # rank 1 corrupted at step 6; the reduction carried it to every other rank at step 7
+    reports = [_report(0, 7), _report(1, 6), _report(2, 7), _report(3, 7)]
+    assert blame(reports, disagreeing=[1, 3]) == [1]
+
+
+def test_without_a_parameter_divergence_the_changed_rank_is_blamed():
+    # an optimizer-state flip found before the next update moved any parameter
+    reports = [_report(0, None, changed=False), _report(1, None, changed=True)]
+    assert blame(reports, disagreeing=[0, 1]) == [1]
+
+
+def test_a_fault_that_repeats_on_replay_blames_nobody():
+    reports = [_report(0, None, changed=False), _report(1, None, changed=False)]
+    assert blame(reports, disagreeing=[0, 1]) == []
+
+
+def test_a_loss_spike_is_an_anomaly_and_ordinary_noise_is_not():
+    rng = random.Random(0)
+    watch = AnomalyWatch(window=50, z=8.0)
+    lines = [watch.observe(s, 3.0 - s * 0.001 + rng.gauss(0, 0.01), 1.0) for s in range(200)]
+    assert not any(lines)
+    [line] = watch.observe(200, 9.0, 1.0)
+    assert (line["signal"], line["step"]) == ("loss", 200) and line["z"] > 8.0
+
+
+def test_a_constant_signal_has_no_scale_and_flags_nothing():
+    watch = AnomalyWatch(window=8, z=3.0)
+    for s in range(8):
+        watch.observe(s, 1.0, 1.0)
+    assert watch.observe(8, 1.5, 1.0) == []
