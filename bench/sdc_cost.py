@@ -1,0 +1,92 @@
+"""What silent-data-corruption checks cost in steady state, and whether a clean run ever
+raises one (docs/architecture.md, "Silent data corruption").
+
+The same dp=2, zero 0 job (DP replicas with identical state) trained under torchrun twice per
+round: `sdc.enabled: false`, and the checks at their default interval (a parameter
+fingerprint every step for the replay, every state tensor's fingerprint compared across the
+replicas every `sdc.every_steps`). Rounds alternate so drift on a shared host hits both arms
+alike. Step time is the median gap between consecutive step records of every rank after
+warm-up: it includes the checks, which run between steps.
+
+    python bench/sdc_cost.py [--preset tiny] [--steps 400] [--rounds 2]
+
+Summary lines (stable):
+    `sdc checks / none (<preset>): X.XXx (median step time)`
+    `sdc false positives (<preset>): N in C checks over S clean steps`
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import spec_file, torchrun  # noqa: E402
+from services.spec import SdcSpec  # noqa: E402
+
+WARMUP = 3
+
+
+def job(preset: str, steps: int, checks: bool) -> dict:
+    return {
+        "name": "bench-sdc",
+        "model": {"preset": preset},
+        "data": {"source": "synthetic", "seed": 7},
+        "parallel": {"dp": 2, "zero": 0},
+        "train": {"steps": steps, "global_batch": 16, "lr": 1e-3, "warmup_steps": 2},
+        "sdc": {"enabled": checks},
+    }
+
+
+def run(spec: dict) -> tuple[list[float], int]:
+    """Every rank's step-to-step gaps after warm-up, and how many corruption lines it wrote."""
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        args = ["-m", "worker.trainer", "--spec", str(spec_file(spec, d))]
+        args += ["--metrics-out", str(d / "steps-{rank}.jsonl"), "--quiet"]
+        torchrun(2, args, check=False)
+        gaps, found = [], 0
+        for f in sorted(d.glob("steps-*.jsonl")):
+            recs = [json.loads(line) for line in f.read_text().splitlines()]
+            found += sum(r.get("event") == "sdc" for r in recs)
+            steps = [r for r in recs if "step_s" in r and r["step"] > WARMUP]
+            gaps += [b["time"] - a["time"] for a, b in itertools.pairwise(steps)]
+        return gaps, found
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--rounds", type=int, default=2)
+    a = ap.parse_args()
+    every = SdcSpec().every_steps
+    none, checked, found = [], [], 0
+    for i in range(a.rounds):
+        none += run(job(a.preset, a.steps, False))[0]
+        gaps, n = run(job(a.preset, a.steps, True))
+        checked, found = checked + gaps, found + n
+        print(
+            f"  round {i + 1}: none {statistics.median(none) * 1e3:.2f} ms, "
+            f"checks {statistics.median(checked) * 1e3:.2f} ms",
+            flush=True,
+        )
+    m0, m1 = statistics.median(none), statistics.median(checked)
+    print(f"model {a.preset}, dp=2 zero 0, {a.steps} steps x {a.rounds} rounds, every {every}")
+    print(f"  median step: none {m0 * 1e3:.2f} ms, checks {m1 * 1e3:.2f} ms")
+    print(f"sdc checks / none ({a.preset}): {m1 / m0:.3f}x (median step time)")
+    n_checks = a.rounds * (a.steps // every)
+    print(
+        f"sdc false positives ({a.preset}): {found} in {n_checks} checks over "
+        f"{a.rounds * a.steps} clean steps"
+    )
+
+
+if __name__ == "__main__":
+    main()
