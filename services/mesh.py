@@ -26,10 +26,19 @@ class MeshShape:
     dp: int
     pp: int
     tp: int
+    # expert parallelism is carved out of dp (parallel.ep): dp coordinate d holds expert shard
+    # d % ep, and d // ep numbers the replicas of that shard
+    ep: int = 1
 
     def __post_init__(self) -> None:
-        if min(self.dp, self.pp, self.tp) < 1:
+        if min(self.dp, self.pp, self.tp, self.ep) < 1:
             raise ValueError(f"mesh degrees must be >= 1, got {self}")
+        if self.dp % self.ep:
+            raise ValueError(f"ep ({self.ep}) must divide dp ({self.dp})")
+
+    def expert_shard(self, rank: int) -> int:
+        """Which experts/ep slice of every MoE layer `rank` holds."""
+        return self.coord(rank).dp % self.ep
 
     @property
     def world_size(self) -> int:
@@ -72,7 +81,7 @@ class MeshShape:
         """The rank grid on one screen: one block per dp replica, pp rows x tp columns."""
         lines = []
         for d in range(self.dp):
-            lines.append(f"dp={d}")
+            lines.append(f"dp={d}" + (f" ep={d % self.ep}" if self.ep > 1 else ""))
             for p in range(self.pp):
                 row = " ".join(f"{self.rank((d, p, t)):>4}" for t in range(self.tp))
                 lines.append(f"  pp={p}: {row}")

@@ -54,6 +54,36 @@ class ModelSpec(Strict):
     ffn_hidden: int | None = Field(default=None, gt=0, le=1_048_576)
     rope_theta: float = Field(default=10000.0, gt=0, le=1e12)
     norm_eps: float = Field(default=1e-5, gt=0, lt=1)
+    experts: int = Field(
+        default=0,
+        ge=0,
+        le=4096,
+        description="Experts per layer: 0 is a dense model; above 0 every block's MLP is a "
+        "mixture of this many SwiGLU experts of hidden size ffn_hidden, behind a top_k router "
+        '(docs/architecture.md, "Experts").',
+    )
+    top_k: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Experts each token is routed to (with experts > 0); their outputs are "
+        "summed, weighted by the softmax of the router logits of the chosen experts.",
+    )
+    capacity_factor: float = Field(
+        default=0.0,
+        ge=0,
+        le=64,
+        description="0: dropless routing, every choice is computed. c > 0: each expert takes "
+        "at most ceil(c * seq_len * top_k / experts) of one sequence's choices (first choices "
+        "first, then by position); the rest are dropped and counted in the drop-rate metric.",
+    )
+    aux_loss_coef: float = Field(
+        default=0.01,
+        ge=0,
+        le=10,
+        description="Weight of the load-balancing loss (Switch's, computed per sequence) in the "
+        "training objective; 0 turns it off. The reported loss is the cross-entropy alone.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -69,10 +99,19 @@ class ModelSpec(Strict):
 
     @property
     def params(self) -> int:
-        """Embedding + per layer (2 RMSNorms, q/k/v/o, SwiGLU gate/up/down) + final norm + head;
-        analytic (no torch), so the controller's admission can use it."""
+        """Embedding + per layer (2 RMSNorms, q/k/v/o, SwiGLU gate/up/down, or the router and
+        every expert's) + final norm + head; analytic (no torch), so admission can use it."""
+        return self._count(max(1, self.experts))
+
+    @property
+    def active_params(self) -> int:
+        """The parameters one token runs through: `params` with top_k experts, not all."""
+        return self._count(min(self.top_k, self.experts) if self.experts else 1)
+
+    def _count(self, ffns: int) -> int:
         d = self.d_model
-        per_layer = 2 * d + 4 * d * d + 3 * d * self.ffn
+        router = d * self.experts
+        per_layer = 2 * d + 4 * d * d + ffns * 3 * d * self.ffn + router
         return self.vocab * d + self.layers * per_layer + d + d * self.vocab
 
     @property
@@ -118,6 +157,15 @@ class ParallelSpec(Strict):
     dp: int = Field(default=1, ge=1, le=MAX_WORLD)
     pp: int = Field(default=1, ge=1, le=1024)
     tp: int = Field(default=1, ge=1, le=1024)
+    ep: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_WORLD,
+        description="Expert parallelism, carved out of dp (torchtitan's way): the dp ranks form "
+        "dp/ep groups of ep ranks, each rank holding experts/ep of every layer's experts, and "
+        "tokens travel to their experts by all-to-all. Needs model.experts > 0; ep must divide "
+        "dp and model.experts. Everything but the experts stays data parallel over all of dp.",
+    )
     zero: Literal[0, 2, 3] = 3
     pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
     virtual_stages: int = Field(default=1, ge=1, le=64)
@@ -406,6 +454,7 @@ def consistency_problems(s: JobSpec) -> list[Problem]:
             f"sequence parallelism needs model.seq_len ({m.seq_len}) divisible by tp "
             f"({p.tp}); choose seq_len a multiple of tp or set sequence_parallel: false",
         )
+    out += _expert_problems(m, p)
     stages = p.pp * p.virtual_stages
     if m.layers % stages:
         bad(
@@ -461,6 +510,53 @@ def consistency_problems(s: JobSpec) -> list[Problem]:
     if s.data.kind == "text" and m.vocab < 256:
         bad("model.vocab", f"text data is bytes and needs vocab >= 256 (got {m.vocab})")
     out += chaos_problems(s)
+    return out
+
+
+def _expert_problems(m: ModelSpec, p: ParallelSpec) -> list[Problem]:
+    out: list[Problem] = []
+    if m.experts and m.top_k > m.experts:
+        out.append(
+            Problem(
+                "model.top_k",
+                f"top_k ({m.top_k}) exceeds model.experts ({m.experts}); choose top_k from 1 "
+                f"to {m.experts}",
+            )
+        )
+    if m.experts and p.auto:
+        out.append(
+            Problem(
+                "parallel.auto",
+                "the planner does not model experts yet; set parallel.dp, pp, tp and ep and "
+                "remove parallel.auto",
+            )
+        )
+    if p.ep == 1:
+        return out
+    if not m.experts:
+        out.append(
+            Problem(
+                "parallel.ep",
+                f"ep ({p.ep}) shards experts, but model.experts is 0 (a dense model); set "
+                "model.experts or ep: 1",
+            )
+        )
+    elif m.experts % p.ep:
+        out.append(
+            Problem(
+                "parallel.ep",
+                f"model.experts ({m.experts}) must be divisible by ep ({p.ep}); choose ep in "
+                f"{{{_divisors(m.experts)}}}",
+            )
+        )
+    if p.dp % p.ep:
+        out.append(
+            Problem(
+                "parallel.ep",
+                f"ep is carved out of dp: dp ({p.dp}) must be divisible by ep ({p.ep}); choose "
+                f"ep in {{{_divisors(p.dp)}}} or raise dp",
+            )
+        )
     return out
 
 

@@ -23,8 +23,10 @@ def param_count(m: ModelSpec) -> int:
 
 
 def flops_per_token(m: ModelSpec) -> float:
-    """Training FLOPs per token: 6N plus attention scores (PaLM appendix B)."""
-    return 6 * param_count(m) + 12 * m.layers * m.d_model * m.seq_len
+    """Training FLOPs per token: 6N plus attention scores (PaLM appendix B); N is the spec's
+    analytic count of the parameters a token runs through (`ModelSpec.active_params`: top_k
+    of a mixture's experts)."""
+    return 6 * m.active_params + 12 * m.layers * m.d_model * m.seq_len
 
 
 def default_peak_flops(devices: int) -> float:

@@ -1,4 +1,5 @@
-"""Decoder-only transformer: RMSNorm, RoPE attention, SwiGLU MLP.
+"""Decoder-only transformer: RMSNorm, RoPE attention, a SwiGLU MLP or a mixture of SwiGLU
+experts (worker/trainer/moe.py).
 
 Layers live in a ModuleDict keyed by their global index so parameter names survive
 pipeline splitting. A stage built for pipelining keeps only its own layers and sets
@@ -24,6 +25,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPO
 from torch.distributed.tensor import DTensor, Replicate
 
 from services.spec import ModelSpec
+from worker.trainer.moe import MoE
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,7 +80,8 @@ class Block(nn.Module):
         self.attn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.attn = Attention(cfg.d_model, cfg.heads)
         self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.mlp = SwiGLU(cfg.d_model, cfg.ffn)
+        # a mixture of experts stands where the dense MLP would (model.experts > 0)
+        self.mlp = MoE(cfg) if cfg.experts else SwiGLU(cfg.d_model, cfg.ffn)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin)
@@ -121,7 +124,7 @@ class Transformer(nn.Module):
             if p.dim() == 1:
                 full = torch.ones(p.shape)  # RMSNorm gains
             else:
-                resid_out = name.endswith(("attn.o.weight", "mlp.down.weight"))
+                resid_out = name.endswith(("attn.o.weight", "mlp.down.weight", "experts.w_down"))
                 g = torch.Generator().manual_seed(param_seed(seed, name))
                 full = torch.randn(p.shape, generator=g).mul_(out_std if resid_out else std)
             local = p.to_local() if isinstance(p, DTensor) else p
@@ -165,5 +168,7 @@ def param_count(cfg: ModelSpec) -> int:
 
 
 def flops_per_token(cfg: ModelSpec) -> float:
-    """Training FLOPs per token: 6N plus attention scores (PaLM appendix B)."""
-    return 6 * param_count(cfg) + 12 * cfg.layers * cfg.d_model * cfg.seq_len
+    """Training FLOPs per token: 6N plus attention scores (PaLM appendix B), where N counts
+    the parameters a token runs through (top_k experts of a mixture, not all of them)."""
+    active = param_count(cfg) - cfg.params + cfg.active_params  # only experts are skipped
+    return 6 * active + 12 * cfg.layers * cfg.d_model * cfg.seq_len

@@ -31,7 +31,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -43,6 +43,7 @@ from torch.distributed.tensor.parallel import (
 
 from services.mesh import AXES, Coord, MeshShape
 from services.spec import ParallelSpec
+from worker.trainer.moe import ExpertGroups, MoE
 
 
 @dataclass(frozen=True)
@@ -52,11 +53,22 @@ class ParallelDims:
 
     @property
     def shape(self) -> MeshShape:
-        return MeshShape(self.spec.dp, self.spec.pp, self.spec.tp)
+        return MeshShape(self.spec.dp, self.spec.pp, self.spec.tp, self.spec.ep)
 
     def build_mesh(self) -> DeviceMesh:
+        """(dp, pp, tp); with ep > 1, dp is laid out as (edp, ep) and flattened back to "dp",
+        so rank numbering is unchanged (services/mesh.py): "ep" holds one expert shard per
+        rank and "edp" the replicas of one expert shard."""
         s = self.spec
-        return init_device_mesh(self.device_type, (s.dp, s.pp, s.tp), mesh_dim_names=AXES)
+        if s.ep == 1:
+            return init_device_mesh(self.device_type, (s.dp, s.pp, s.tp), mesh_dim_names=AXES)
+        mesh = init_device_mesh(
+            self.device_type,
+            (s.dp // s.ep, s.ep, s.pp, s.tp),
+            mesh_dim_names=("edp", "ep", "pp", "tp"),
+        )
+        mesh["edp", "ep"]._flatten("dp")
+        return mesh
 
 
 @dataclass(frozen=True)
@@ -140,13 +152,50 @@ def vocab_sharded(p: ParallelSpec) -> bool:
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, p: ParallelSpec) -> None:
     """torchtitan's plan (docs/architecture.md, "Trainer"): vocab-parallel embedding and head
-    with `loss_parallel`, sequence-parallel norms with `sequence_parallel`."""
+    with `loss_parallel`, sequence-parallel norms with `sequence_parallel`. A mixture of
+    experts takes its input in whatever layout the norm leaves and splits its experts itself
+    (`apply_experts`)."""
     block_plan = _block_plan(p.sequence_parallel)
+    stream = Shard(1) if p.sequence_parallel else Replicate()
+    moe_plan = {k: v for k, v in block_plan.items() if not k.startswith("mlp.")} | {
+        # the layer's input as a DTensor, so it knows the layout to gather from and return to
+        "mlp": PrepareModuleInput(
+            input_layouts=(stream,), desired_input_layouts=(stream,), use_local_output=False
+        )
+    }
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, block_plan)
+        parallelize_module(block, tp_mesh, moe_plan if isinstance(block.mlp, MoE) else block_plan)
     ends = _ends_plan(model, p)
     if ends:
         parallelize_module(model, tp_mesh, ends)
+
+
+def apply_experts(model: nn.Module, mesh: DeviceMesh, p: ParallelSpec) -> None:
+    """Each MoE layer's experts split over "ep" (dim 0: experts/ep whole experts per rank) and
+    over "tp" (each expert's hidden width, as the dense MLP's gate/up column-wise and down
+    row-wise), and the groups the layer exchanges tokens and partial sums in."""
+    dims = [d for d, n in (("ep", p.ep), ("tp", p.tp)) if n > 1]
+    if not dims:
+        return
+    sub = mesh[tuple(dims)] if len(dims) > 1 else mesh[dims[0]]
+    groups = ExpertGroups(
+        ep=mesh["ep"].get_group() if p.ep > 1 else None,
+        tp=mesh["tp"].get_group() if p.tp > 1 else None,
+    )
+    hidden = {"w_gate": 2, "w_up": 2, "w_down": 1}
+    for block in model.layers.values():
+        moe = block.mlp
+        if not isinstance(moe, MoE):
+            continue
+        moe.groups = groups
+        experts = moe.experts
+        for name, dim in hidden.items():
+            placements = [Shard(0) if d == "ep" else Shard(dim) for d in dims]
+            w = getattr(experts, name)
+            experts.register_parameter(name, nn.Parameter(distribute_tensor(w, sub, placements)))
+        # an expert's gradient sums every EP rank's tokens; the DP reduction divides by the
+        # replicas of its shard (edp) only, so 1/ep here makes it the mean over all of dp
+        experts.grad_scale = 1.0 / p.ep
 
 
 def apply_ac(model: nn.Module) -> None:
@@ -155,8 +204,17 @@ def apply_ac(model: nn.Module) -> None:
         model.layers[key] = checkpoint_wrapper(block, preserve_rng_state=False)
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, zero: int, precision: str) -> None:
-    """Shard each block, then the remainder (embedding, norm, head) as the root group.
+def apply_fsdp(
+    model: nn.Module,
+    dp_mesh: DeviceMesh,
+    zero: int,
+    precision: str,
+    experts_mesh: DeviceMesh | None = None,
+) -> None:
+    """Shard each block, then the remainder (embedding, norm, head) as the root group. With
+    expert parallelism (`experts_mesh`: "edp", the replicas of one expert shard), each layer's
+    experts form a group of their own over those replicas first, so the block's group over
+    all of dp leaves them out (their shards differ across "ep").
 
     bf16: parameters are cast to bf16 for forward and backward while the sharded fp32
     parameters stay the optimizer's master weights, and gradients are reduced in fp32."""
@@ -164,25 +222,34 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, zero: int, precision: str)
         param_dtype=torch.bfloat16 if precision == "bf16" else None,
         reduce_dtype=torch.float32 if precision == "bf16" else None,
     )
-    if zero == 0:
-        if precision == "fp32" and dp_mesh.size() == dist.get_world_size():
-            # The whole world is data parallel: DDP's own reducer (composable `replicate`, as
-            # torchtitan does for 1D meshes), which overlaps its bucketed all-reduces with
-            # backward and copies no parameters. FSDP2's replicate copies every parameter in
-            # and every gradient out each step, and on CPU blocks backward in each group's
-            # all-reduce: 0.85-0.9 of DDP at dp2 (bench/throughput.py). It wraps lazily, at
-            # the first forward, so the meta-device model is materialized by then.
-            from torch.distributed._composable.replicate import replicate as ddp
+    if experts_mesh is not None:
+        for block in model.layers.values():
+            if isinstance(block.mlp, MoE):
+                _data_parallel(block.mlp.experts, experts_mesh, zero, mp)
+    whole_world = dp_mesh.size() == dist.get_world_size() and experts_mesh is None
+    if zero == 0 and precision == "fp32" and whole_world:
+        # The whole world is data parallel: DDP's own reducer (composable `replicate`, as
+        # torchtitan does for 1D meshes), which overlaps its bucketed all-reduces with
+        # backward and copies no parameters. FSDP2's replicate copies every parameter in
+        # and every gradient out each step, and on CPU blocks backward in each group's
+        # all-reduce: 0.85-0.9 of DDP at dp2 (bench/throughput.py). It wraps lazily, at
+        # the first forward, so the meta-device model is materialized by then.
+        from torch.distributed._composable.replicate import replicate as ddp
 
-            ddp(model, device_mesh=dp_mesh)
-            return
+        ddp(model, device_mesh=dp_mesh)
+        return
+    for block in model.layers.values():
+        _data_parallel(block, dp_mesh, zero, mp)
+    _data_parallel(model, dp_mesh, zero, mp)
+
+
+def _data_parallel(
+    module: nn.Module, mesh: DeviceMesh, zero: int, mp: MixedPrecisionPolicy
+) -> None:
+    """One FSDP2 group: replicated at zero 0, else sharded (and resharded after forward at 3)."""
+    if zero == 0:
         from torch.distributed._composable.replicate_with_fsdp import replicate
 
-        for block in model.layers.values():
-            replicate(block, mesh=dp_mesh, mp_policy=mp)
-        replicate(model, mesh=dp_mesh, mp_policy=mp)
-        return
-    reshard = zero == 3
-    for block in model.layers.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
+        replicate(module, mesh=mesh, mp_policy=mp)
+    else:
+        fully_shard(module, mesh=mesh, reshard_after_forward=zero == 3, mp_policy=mp)

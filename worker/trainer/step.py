@@ -24,10 +24,12 @@ from worker.progress import Collectives
 from worker.trainer.data import Batches
 from worker.trainer.memory import peak_mem_bytes
 from worker.trainer.model import build_model
+from worker.trainer.moe import MoE
 from worker.trainer.optim import build_optimizer, build_scheduler, clip_grad_norm
 from worker.trainer.parallel import (
     RankContext,
     apply_ac,
+    apply_experts,
     apply_fsdp,
     apply_tp,
     vocab_sharded,
@@ -64,17 +66,22 @@ class Trainer:
             parts = split_stages(full, ctx.coord.pp, p)
         else:
             parts = [(0, full)]
+        experts_mesh = mesh["edp"] if p.ep > 1 else None
         for _, part in parts:
             if p.tp > 1:
                 apply_tp(part, mesh["tp"], p)
+            apply_experts(part, mesh, p)
             if p.activation_checkpointing:
                 apply_ac(part)
             # bf16 goes through FSDP2's mixed precision, so FSDP wraps at dp 1 too
             if p.dp > 1 or p.precision == "bf16":
-                apply_fsdp(part, mesh["dp"], p.zero, p.precision)
+                apply_fsdp(part, mesh["dp"], p.zero, p.precision, experts_mesh)
             part.to_empty(device=ctx.device)
             part.init_weights(spec.train.seed)
         self.parts = [m for _, m in parts]
+        self.moe = [m for part in self.parts for m in part.modules() if isinstance(m, MoE)]
+        for m in self.moe:
+            m.aux_weight = spec.model.aux_loss_coef / p.microbatches  # as the loss is
         self.params = [q for m in self.parts for q in m.parameters()]
         # One optimizer per pipeline part: checkpoints key optimizer state by each part's
         # parameter names, which is what lets a different pipeline split reload it.
