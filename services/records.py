@@ -25,6 +25,20 @@ class Record(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+class ExpertLoad(Record):
+    """One step's routing over the global batch, summed over every MoE layer (model.experts >
+    0; rank 0's step records carry it)."""
+
+    tokens: list[int]  # (token, choice) pairs each expert computed
+    dropped: int  # choices over an expert's capacity (0 when routing is dropless)
+    balance_loss: float  # Switch's balance loss, mean over layers and sequences; 1.0 is uniform
+
+    @property
+    def drop_rate(self) -> float:
+        routed = sum(self.tokens) + self.dropped
+        return self.dropped / routed if routed else 0.0
+
+
 class StepRecord(Record):
     """One line a trainer writes to its metrics file after each optimizer step."""
 
@@ -40,6 +54,7 @@ class StepRecord(Record):
     peak_mem_bytes: int | None = None
     rank: int
     time: float  # the trainer's wall clock (time.time()) when the step ended
+    experts: ExpertLoad | None = None
 
 
 class RankReport(Record):

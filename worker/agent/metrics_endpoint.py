@@ -26,6 +26,7 @@ import redis
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     ProcessCollector,
     start_http_server,
@@ -33,7 +34,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from services import discovery
-from services.records import StepRecord
+from services.records import ExpertLoad, StepRecord
 from services.spec import ModelSpec
 from services.store import Store
 from worker import mfu
@@ -119,6 +120,31 @@ class AgentMetrics:
             registry=reg,
             buckets=SAVE_BUCKETS,
         )
+        # a MoE job's routing, from rank 0's step records (global counts; others carry none)
+        self.expert_tokens = Counter(
+            "meshkeeper_moe_expert_tokens",
+            "Token choices each expert computed, over the global batch and every MoE layer",
+            ["job_id", "expert"],
+            registry=reg,
+        )
+        self.routed_tokens = Counter(
+            "meshkeeper_moe_routed_tokens",
+            "Token choices routed (computed or dropped), over every MoE layer",
+            ["job_id"],
+            registry=reg,
+        )
+        self.dropped_tokens = Counter(
+            "meshkeeper_moe_dropped_tokens",
+            "Token choices dropped over an expert's capacity",
+            ["job_id"],
+            registry=reg,
+        )
+        self.balance_loss = Gauge(
+            "meshkeeper_moe_balance_loss",
+            "The latest step's load-balancing loss, mean over MoE layers (1.0 is uniform)",
+            ["job_id"],
+            registry=reg,
+        )
         self._labelled = (
             self.step_seconds,
             self.compute_seconds,
@@ -127,6 +153,10 @@ class AgentMetrics:
             self.save_background,
             self.save_failures,
             self.restore_seconds,
+            self.expert_tokens,
+            self.routed_tokens,
+            self.dropped_tokens,
+            self.balance_loss,
         )
         ProcessCollector(registry=reg)  # the agent's own CPU and memory
         self._job: str | None = None
@@ -144,6 +174,8 @@ class AgentMetrics:
             ):
                 if (v := _seconds(v)) is not None:
                     metric(v)
+            if line.experts is not None:
+                self._routing(job, line.experts)
         elif isinstance(line, CheckpointCommitted):
             blocking, total = _seconds(line.blocking_s), _seconds(line.total_s)
             if blocking is not None:
@@ -155,15 +187,20 @@ class AgentMetrics:
         elif isinstance(line, Restored) and (v := _seconds(line.restore_s)) is not None:
             self.restore_seconds.labels(job).observe(v)
 
+    def _routing(self, job: str, load: ExpertLoad) -> None:
+        for expert, n in enumerate(load.tokens):
+            self.expert_tokens.labels(job, str(expert)).inc(n)
+        self.routed_tokens.labels(job).inc(sum(load.tokens) + load.dropped)
+        self.dropped_tokens.labels(job).inc(load.dropped)
+        self.balance_loss.labels(job).set(load.balance_loss)
+
     def follow(self, job: str | None) -> str | None:
-        """The job the agent serves now; children of a job it no longer serves are removed."""
+        """The job the agent serves now; children of a job it no longer serves are removed
+        (every child is the served job's: the agent serves one job at a time)."""
         with self._lock:
             if self._job is not None and self._job != job:
                 for m in self._labelled:
-                    try:
-                        m.remove(self._job)
-                    except KeyError:  # never observed for that job
-                        pass
+                    m.clear()
             self._job = job
         return job
 

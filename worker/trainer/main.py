@@ -91,7 +91,8 @@ def make_checkpointer(
     meta = {
         "job": spec.name,
         "torch": torch.__version__,
-        "mesh": {"dp": p.dp, "pp": p.pp, "tp": p.tp},
+        # ep only where experts are split, so a dense job's manifests read as before
+        "mesh": {"dp": p.dp, "pp": p.pp, "tp": p.tp} | ({"ep": p.ep} if p.ep > 1 else {}),
     }
     store = CheckpointStore(root, spec.name, generation=args.generation, writer=args.job_id)
     history = read_history(args.restore_from) if args.restore_from else None
@@ -242,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
         if spec.sdc.enabled and not checks:
             say(
                 "[meshkeeper] sdc: this layout has no DP replicas with identical state "
-                "(it needs dp > 1 and parallel.zero 0): silent data corruption is not checked",
+                "(it needs dp/ep > 1 and parallel.zero 0): silent data corruption is not checked",
                 flush=True,
             )
         watch = AnomalyWatch(spec.sdc.anomaly_window, spec.sdc.anomaly_z)

@@ -41,6 +41,7 @@ class MetricsFile:
             peak_mem_bytes=r.peak_mem_bytes,
             rank=self.rank,
             time=time.time(),
+            experts=r.experts,
         )
         self.write(rec.model_dump())
 

@@ -98,14 +98,16 @@ class ReplicaCheck:
 
     def __init__(self, spec: JobSpec, ctx: RankContext):
         self.every, self.ctx = spec.sdc.every_steps, ctx
-        self.group = ctx.mesh["dp"].get_group()
+        # under expert parallelism only the replicas of one expert shard hold the same state
+        self.group = ctx.mesh["edp" if spec.parallel.ep > 1 else "dp"].get_group()
         self.group_ranks = dist.get_process_group_ranks(self.group)
 
     @staticmethod
     def applies(spec: JobSpec) -> bool:
-        """Replicas exist: data parallel without ZeRO sharding."""
+        """Replicas exist: data parallel without ZeRO sharding (and, with experts split over
+        ep, more than one replica of each expert shard)."""
         p = spec.parallel
-        return spec.sdc.enabled and p.dp > 1 and p.zero == 0
+        return spec.sdc.enabled and p.dp // p.ep > 1 and p.zero == 0
 
     def due(self, step: int) -> bool:
         return step % self.every == 0

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import loss_parallel
 
+from services.records import ExpertLoad
 from services.spec import JobSpec
 from worker.progress import Collectives
 from worker.trainer.data import Batches
@@ -53,6 +54,7 @@ class StepResult:
     wait_s: float
     tokens: int
     peak_mem_bytes: int  # this process's peak so far (worker/trainer/memory.py)
+    experts: ExpertLoad | None = None  # the step's routing (MoE models, global rank 0)
 
 
 class Trainer:
@@ -136,15 +138,34 @@ class Trainer:
         return total
 
     def global_loss(self, local: torch.Tensor) -> torch.Tensor:
-        """Mean over the global batch, a 0-dim float64 tensor on the device: each DP replica's
-        loss leader adds its share. Reduced where it lies: no host sync (train_step reads it)."""
+        """Mean over the global batch as a float64 tensor on the device: each DP replica's
+        loss leader adds its share. Reduced where it lies: no host sync (train_step reads it).
+        A MoE model's routing counts ride the same all-reduce: (loss, *`_routing`)."""
         share = (
             local.double() / self.spec.parallel.dp
             if self.ctx.is_last_stage_leader
             else torch.zeros((), dtype=torch.float64, device=local.device)
-        )
+        )[None]
+        if self.moe:
+            share = torch.cat((share, self._routing()))
         dist.all_reduce(share)
         return share
+
+    def _routing(self) -> torch.Tensor:
+        """This rank's MoE layers' counts since the last step (moe.LoadStats), on tp 0 only: the
+        other TP ranks routed the same tokens."""
+        parts = [t for m in self.moe if (t := m.stats.take()) is not None]
+        local = torch.stack(parts).sum(0).to(self.ctx.device)
+        return local if self.ctx.coord.tp == 0 else torch.zeros_like(local)
+
+    def _expert_load(self, counts: list[float]) -> ExpertLoad:
+        """(kept per expert, dropped, balance-loss sum) over the world -> the step's record."""
+        p = self.spec.parallel
+        *tokens, dropped, balance = counts
+        calls = self.spec.model.layers * p.dp * p.microbatches  # one balance value per layer call
+        return ExpertLoad(
+            tokens=[round(t) for t in tokens], dropped=round(dropped), balance_loss=balance / calls
+        )
 
     def train_step(self, index: int, before_update=lambda: None) -> StepResult:
         """Run step `index` (0-based: `index` steps are done before it); `before_update` runs
@@ -164,7 +185,9 @@ class Trainer:
             global_loss = self.global_loss(local)
         # The step's one host sync: loss and norm come back together (issue 12), and both
         # are checked before any parameter changes.
-        loss, grad_norm = torch.stack((global_loss, norm)).tolist()
+        loss, grad_norm, *routing = torch.cat(
+            (global_loss[:1], norm[None], global_loss[1:])
+        ).tolist()
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             raise NonFiniteError(
                 f"step {index + 1}: loss {loss}, grad norm {grad_norm} is not "
@@ -189,4 +212,5 @@ class Trainer:
             step_s - compute,
             self.spec.train.global_batch * self.spec.model.seq_len,
             peak_mem_bytes(self.ctx.device),
+            self._expert_load(routing) if routing and self.ctx.rank == 0 else None,
         )
