@@ -37,7 +37,7 @@ def free_workers(store: Store, alive_s: float, now: float) -> list[FreeWorker]:
 def try_start(ctx: Pass, job: Job) -> Placement | None:
     """Start `job` on workers of the pass's pool (and take them), if they fit."""
     p = job.spec.parallel
-    shape = MeshShape(job.dp, p.pp, p.tp)  # smaller than the spec's after a shrink
+    shape = MeshShape(job.dp, p.pp, p.tp, p.ep)  # smaller than the spec's after a shrink
     placed = place(shape, job.spec.fault_tolerance.spares, ctx.pool.workers)
     if placed is None:
         return None

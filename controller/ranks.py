@@ -48,7 +48,10 @@ def rank_view(
             RankStatus(
                 **{**rep.model_dump(), "state": state},
                 rank=r.rank,
-                coord=Coordinate(**r.coord._asdict()),
+                coord=Coordinate(
+                    **r.coord._asdict(),
+                    ep=asg.shape.expert_shard(r.rank) if asg.shape.ep > 1 else None,
+                ),
                 worker=r.wid,
                 local_rank=r.local_rank,
             )

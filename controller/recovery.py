@@ -6,8 +6,12 @@ handling").
 - replace: every faulty worker's ranks move, at the same (dp, pp, tp) coordinates, to a
   spare (the job's own first, then any idle worker), preferring one on the same host;
 - shrink: without spares, drop each DP replica that lost a rank while dp > min_dp; the
-  global batch is kept (each rank takes a larger share, split into microbatches);
-- grow: when enough idle workers for a whole replica exist, add it back.
+  global batch is kept (each rank takes a larger share, split into microbatches). With
+  experts split over ep, a replica holds one expert shard of ep: the ep replicas that
+  together hold every expert (one "edp" group) go or stay together, so dp stays a multiple
+  of ep;
+- grow: when enough idle workers for a whole replica (ep replicas with experts split) exist,
+  add it back.
 """
 
 from __future__ import annotations
@@ -98,7 +102,8 @@ def shrink(
     interleaved: bool,
     host_of: dict[str, str],
 ) -> Layout | None:
-    lost = sorted({r.coord.dp for r in ranks if r.wid in bad})
+    groups = {r.coord.dp // shape.ep for r in ranks if r.wid in bad}
+    lost = [d for d in range(shape.dp) if d // shape.ep in groups]
     new_dp = shape.dp - len(lost)
     if new_dp < max(1, min_dp):
         return None
@@ -106,7 +111,7 @@ def shrink(
     if m is None:
         return None
     kept = [d for d in range(shape.dp) if d not in lost]
-    new_shape = MeshShape(new_dp, shape.pp, shape.tp)
+    new_shape = MeshShape(new_dp, shape.pp, shape.tp, shape.ep)
     new_ranks = []
     for r in ranks:
         if r.coord.dp in kept:
@@ -128,23 +133,19 @@ def grow(
     free: list[FreeWorker],
     host_of: dict[str, str],
 ) -> Layout | None:
-    """One more DP replica on idle workers, if they hold a whole pipeline."""
+    """One more DP replica (ep of them with experts split) on idle workers, if they hold
+    whole pipelines."""
     if shape.dp >= target_dp:
         return None
-    new_shape = MeshShape(shape.dp + 1, shape.pp, shape.tp)
+    new_shape = MeshShape(shape.dp + shape.ep, shape.pp, shape.tp, shape.ep)
     m = fit_microbatches(global_batch, new_shape.dp, shape.pp, spec_microbatches, interleaved)
-    replica = place(MeshShape(1, shape.pp, shape.tp), 0, free)
-    if m is None or replica is None:
+    replicas = place(MeshShape(shape.ep, shape.pp, shape.tp), 0, free)
+    if m is None or replicas is None:
         return None
-    d = shape.dp
-    added = [
-        dc_replace(
-            r,
-            rank=new_shape.rank((d, r.coord.pp, r.coord.tp)),
-            coord=Coord(d, r.coord.pp, r.coord.tp),
-        )
-        for r in replica.ranks
-    ]
+    added = []
+    for r in replicas.ranks:
+        c = Coord(shape.dp + r.coord.dp, r.coord.pp, r.coord.tp)
+        added.append(dc_replace(r, rank=new_shape.rank(c), coord=c))
     kept = [dc_replace(r, rank=new_shape.rank(r.coord)) for r in ranks]
     host_of = {**host_of, **{w.wid: w.host for w in free}}
     return Layout(new_shape, with_local_world(kept + added, host_of), m, {}, [])

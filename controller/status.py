@@ -23,7 +23,7 @@ def job_summary(job: Job) -> api.JobSummary:
         step=job.step,
         steps=job.total_steps,
         loss=job.loss,
-        mesh_shape=api.Coordinate(dp=p.dp, pp=p.pp, tp=p.tp),
+        mesh_shape=api.Coordinate(dp=p.dp, pp=p.pp, tp=p.tp, ep=p.ep if p.ep > 1 else None),
         submitted_at=job.submitted_at,
         finished_at=job.finished_at,
         owner=job.owner,
@@ -51,7 +51,12 @@ def job_status(store: Store, job: Job, alive_within_s: float) -> api.JobStatus:
         job.absorb(summarize(ranks))  # fresher than the controller's last write
     ckpt = store.checkpoint(job.id)
     shape = (
-        api.Coordinate(dp=asg.shape.dp, pp=asg.shape.pp, tp=asg.shape.tp)
+        api.Coordinate(
+            dp=asg.shape.dp,
+            pp=asg.shape.pp,
+            tp=asg.shape.tp,
+            ep=asg.shape.ep if asg.shape.ep > 1 else None,
+        )
         if asg
         else job_summary(job).mesh_shape
     )

@@ -36,6 +36,9 @@ class Coordinate(Doc):
     dp: int
     pp: int
     tp: int
+    # experts split over ep (parallel.ep > 1): in a mesh shape the degree, in a rank's
+    # coordinate the expert shard it holds (dp % ep); None for a job without
+    ep: int | None = None
 
 
 class RankStatus(RankReport):

@@ -93,7 +93,7 @@ class Assignment:
             "job": self.job,
             "generation": self.generation,
             "world_size": self.shape.world_size,
-            "shape": [self.shape.dp, self.shape.pp, self.shape.tp],
+            "shape": [self.shape.dp, self.shape.pp, self.shape.tp, self.shape.ep],
             "master_addr": self.master_addr,
             "master_port": self.master_port,
             "spares": self.spares,

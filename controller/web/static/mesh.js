@@ -117,7 +117,9 @@ function renderLegend() {
 }
 
 function renderMesh(job) {
-  const { dp, pp, tp } = job.mesh.shape;
+  const { dp, pp, tp, ep } = job.mesh.shape;
+  // with experts split over ep, each replica holds one expert shard of ep
+  const shard = (d) => (ep ? ` · experts ${d % ep + 1}/${ep}` : "");
   const byCoord = new Map(job.mesh.ranks.map((r) => [`${r.coord.dp},${r.coord.pp},${r.coord.tp}`, r]));
   const replicas = [];
   for (let d = 0; d < dp; d++) {
@@ -129,14 +131,14 @@ function renderMesh(job) {
         const cell = el("div", {
           class: `cell state-${state}`,
           data: { rank: r ? r.rank : "", state, coord: `${d},${p},${t}`, worker: r ? r.worker : "" },
-          title: r ? `rank ${r.rank} (dp=${d} pp=${p} tp=${t}) on ${r.worker}: ${r.state}` +
+          title: r ? `rank ${r.rank} (dp=${d} pp=${p} tp=${t}${ep ? ` ep=${d % ep}` : ""}) on ${r.worker}: ${r.state}` +
             (r.step != null ? `, step ${r.step}` : "") + (r.error ? `\n${r.error}` : "") : "unassigned",
         }, el("b", {}, r ? `r${r.rank}` : "?"), el("div", { class: "sub" }, r ? r.worker : ""),
           el("div", { class: "sub" }, r ? r.state : ""));
         grid.append(cell);
       }
     }
-    replicas.push(el("div", { class: "replica" }, el("h4", {}, `dp ${d} · pp×tp ${pp}×${tp}`), grid));
+    replicas.push(el("div", { class: "replica" }, el("h4", {}, `dp ${d} · pp×tp ${pp}×${tp}${shard(d)}`), grid));
   }
   const spares = job.mesh.spares || [];
   if (spares.length) {
