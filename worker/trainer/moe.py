@@ -133,7 +133,7 @@ class MoE(nn.Module):
         tokens, for_experts, layout = self._gather(x)
         b, t, d = tokens.shape
         routing = self.router(tokens)
-        if not _recomputing():
+        if _training_forward():
             self.stats.add(routing)
         y = self._dispatch(for_experts.reshape(b * t, d), routing).view(b, t, d)
         return _with_aux(self._scatter(y, layout), routing.balance, self.aux_weight)
@@ -199,12 +199,17 @@ class MoE(nn.Module):
 
 
 class LoadStats:
-    """Routing counts since the last `take`, for the router load metrics: kept choices per
-    expert, dropped choices, and the summed balance loss (detached; counted once per forward,
-    not again when activation checkpointing recomputes it)."""
+    """Routing counts of a step's forwards, for the router load metrics: kept choices per
+    expert, dropped choices, and the summed balance loss (detached; once per training forward,
+    see `_training_forward`).
 
-    def __init__(self, experts: int):
-        self.experts = experts
+    A step runs each layer once per microbatch, so `take` keeps the last `per_step` forwards:
+    on a pipeline's first step torch runs every stage once more before them, on placeholder
+    values, to infer the shapes it sends (torch.distributed.pipelining's metadata inference);
+    that routing is no batch's."""
+
+    def __init__(self, experts: int, per_step: int = 1):
+        self.experts, self.per_step = experts, per_step
         self._parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     def add(self, r: Routing) -> None:
@@ -218,16 +223,18 @@ class LoadStats:
         forward ran (a pipeline stage without this layer's turn)."""
         if not self._parts:
             return None
-        kept = torch.stack([p[0] for p in self._parts]).sum(0).double()
-        dropped = torch.stack([p[1] for p in self._parts]).sum().double()
-        balance = torch.stack([p[2] for p in self._parts]).sum().double()
-        self._parts.clear()
+        parts, self._parts = self._parts[-self.per_step :], []
+        kept = torch.stack([p[0] for p in parts]).sum(0).double()
+        dropped = torch.stack([p[1] for p in parts]).sum().double()
+        balance = torch.stack([p[2] for p in parts]).sum().double()
         return torch.cat((kept, dropped[None], balance[None]))
 
 
-def _recomputing() -> bool:
-    """A forward that runs inside the backward pass: activation checkpointing's recompute."""
-    return torch._C._current_graph_task_id() != -1
+def _training_forward() -> bool:
+    """A forward whose routing the step's metrics count: not one without gradients (the
+    pipeline stage's shape inference), not one run inside the backward pass (activation
+    checkpointing's recompute)."""
+    return torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1
 
 
 class _AttachAux(torch.autograd.Function):

@@ -84,6 +84,7 @@ class Trainer:
         self.moe = [m for part in self.parts for m in part.modules() if isinstance(m, MoE)]
         for m in self.moe:
             m.aux_weight = spec.model.aux_loss_coef / p.microbatches  # as the loss is
+            m.stats.per_step = p.microbatches
         self.params = [q for m in self.parts for q in m.parameters()]
         # One optimizer per pipeline part: checkpoints key optimizer state by each part's
         # parameter names, which is what lets a different pipeline split reload it.
