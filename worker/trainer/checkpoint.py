@@ -356,9 +356,12 @@ class _VerdictBoard:
         return next((v for v in (self.kv.get(k).decode() for k in keys) if v), "")
 
 
+MESH_KEYS = ("dp", "pp", "tp", "ep")  # a manifest without ep was saved with ep 1
+
+
 def restored_line(ckpt: Committed, now: dict) -> str:
     was = ckpt.manifest.get("mesh", {})
-    fmt = lambda m: " ".join(f"{k}{m.get(k, '?')}" for k in ("dp", "pp", "tp"))  # noqa: E731
+    fmt = lambda m: " ".join(f"{k}{m.get(k, 1 if k == 'ep' else '?')}" for k in MESH_KEYS)  # noqa: E731
     note = "same mesh" if was == now else "resharded"
     return (
         f"[meshkeeper] resumed from step {ckpt.step} ({ckpt.path}): saved on {fmt(was)}, "

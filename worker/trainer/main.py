@@ -81,19 +81,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def mesh_record(spec: JobSpec) -> dict[str, int]:
+    """The layout a checkpoint manifest names; ep only where experts are split, so a dense
+    job's manifests read as before."""
+    p = spec.parallel
+    return {"dp": p.dp, "pp": p.pp, "tp": p.tp} | ({"ep": p.ep} if p.ep > 1 else {})
+
+
 def make_checkpointer(
     args, spec: JobSpec, trainer: Trainer, metrics: MetricsFile
 ) -> Checkpointer | None:
     root = args.checkpoint_root or spec.checkpoint.root
     if not root:
         return None
-    p = spec.parallel
-    meta = {
-        "job": spec.name,
-        "torch": torch.__version__,
-        # ep only where experts are split, so a dense job's manifests read as before
-        "mesh": {"dp": p.dp, "pp": p.pp, "tp": p.tp} | ({"ep": p.ep} if p.ep > 1 else {}),
-    }
+    meta = {"job": spec.name, "torch": torch.__version__, "mesh": mesh_record(spec)}
     store = CheckpointStore(root, spec.name, generation=args.generation, writer=args.job_id)
     history = read_history(args.restore_from) if args.restore_from else None
     return Checkpointer(
@@ -155,8 +156,7 @@ def resume(
     restored = ckpt.restore() if ckpt else None
     if restored is None:
         return 0
-    p = spec.parallel
-    say(restored_line(restored, {"dp": p.dp, "pp": p.pp, "tp": p.tp}), flush=True)
+    say(restored_line(restored, mesh_record(spec)), flush=True)
     metrics.write(
         {
             "event": "restored",
