@@ -46,7 +46,7 @@ def fault(
         cause=cause,
         rank=r.rank,
         worker=r.worker,
-        coord=r.coord.model_dump(exclude_none=True),  # ep only where experts are split
+        coord=r.coord.model_dump(),
         fault_at=fault_at,
         detail=detail,
         evidence=evidence,

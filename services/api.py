@@ -37,8 +37,8 @@ class Coordinate(Doc):
     pp: int
     tp: int
     # experts split over ep (parallel.ep > 1): in a mesh shape the degree, in a rank's
-    # coordinate the expert shard it holds (dp % ep); None for a job without
-    ep: int | None = None
+    # coordinate the expert shard it holds (dp % ep); left out of a job without
+    ep: int | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class RankStatus(RankReport):
