@@ -67,7 +67,8 @@ def num(v: float | None, fmt: str = ".4f") -> str:
 
 
 def shape(s: api.Coordinate) -> str:
-    return f"dp{s.dp}·pp{s.pp}·tp{s.tp}"
+    # with experts split, ep is carved out of dp: dp4·ep2 is two groups of two replicas
+    return f"dp{s.dp}·pp{s.pp}·tp{s.tp}" + (f"·ep{s.ep}" if s.ep else "")
 
 
 def jobs_table(jobs: list[api.JobSummary]) -> RenderableType:
@@ -159,8 +160,9 @@ def mesh_table(m: api.Mesh) -> Table:
     for d in range(m.shape.dp):
         for p in range(m.shape.pp):
             cells = [by.get((d, p, t)) for t in range(m.shape.tp)]
+            dp = f"{d} (ep {d % m.shape.ep})" if m.shape.ep else str(d)
             rows.append(
-                [str(d), str(p), *(f"r{r.rank}@{r.worker}:{r.state}" if r else "?" for r in cells)]
+                [dp, str(p), *(f"r{r.rank}@{r.worker}:{r.state}" if r else "?" for r in cells)]
             )
     return table(["DP", "PP", *(f"TP{t}" for t in range(m.shape.tp))], rows)
 
