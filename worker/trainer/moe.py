@@ -17,7 +17,7 @@ process does:
 
 Expert weights are stacked, (experts, d_model, hidden) for gate and up and (experts, hidden,
 d_model) for down; under EP each rank holds experts/ep of them (worker/trainer/parallel.py,
-`apply_ep`) and under TP each expert's hidden width is split like the dense MLP's.
+`apply_experts`) and under TP each expert's hidden width is split like the dense MLP's.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class Experts(nn.Module):
         self.w_gate = nn.Parameter(torch.empty(experts, d_model, hidden))
         self.w_up = nn.Parameter(torch.empty(experts, d_model, hidden))
         self.w_down = nn.Parameter(torch.empty(experts, hidden, d_model))
-        self.grad_scale = 1.0  # set by apply_ep: see MoE._experts_on_holders
+        self.grad_scale = 1.0  # set by apply_experts: see MoE._experts_on_holders
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         gate, up, down = (self._local(w) for w in (self.w_gate, self.w_up, self.w_down))
