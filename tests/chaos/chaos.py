@@ -28,12 +28,17 @@ TERMINAL = ("Succeeded", "Failed", "Cancelled")
 # A checkpoint every 5 steps; 15 steps leave room for a fault after the first commit (5) and
 # a resume that still has steps to train. Scenarios that need a longer job say so.
 STEPS, EVERY = 15, 5
+# The mesh of the scenarios whose subject needs tensor parallelism: a TP shard restored from
+# its buddy's copy, two replicas hit at once, a shrink that keeps a TP partner as a spare, a
+# watchdog abort inside TP groups. The others run dp2: every rank of a generation is a fresh
+# process (a torch import each, the suite's largest cost), and dp2 x tp2 doubles them.
+DP_TP = {"dp": 2, "tp": 2}
 
 
 def mesh_spec(
     name: str, *, steps: int = STEPS, parallel: dict | None = None, train: dict | None = None, **ft
 ) -> dict:
-    """A tiny dp2 x tp2 job with one spare, a checkpoint every 5 steps (async saves).
+    """A tiny dp2 job (or `parallel`) with one spare, a checkpoint every 5 steps (async saves).
 
     Straggler replacement is off (`report`) except where a test is about stragglers: on a
     shared, oversubscribed 2-core host, run-queue noise alone has pushed one healthy rank of
@@ -46,7 +51,7 @@ def mesh_spec(
     """
     return tiny_spec(
         name,
-        parallel=parallel or {"dp": 2, "tp": 2},
+        parallel=parallel or {"dp": 2},
         train={"steps": steps, **(train or {})},
         checkpoint={"every_steps": EVERY, "mode": "async"},
         fault_tolerance={

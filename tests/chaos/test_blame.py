@@ -67,7 +67,9 @@ def proc_state(pid: int) -> str:
 
 
 def test_busy_looping_rank_is_blamed_quarantined_and_probed_back(stack, uninterrupted):
-    spec = mesh_spec("blame-spin", parallel={"dp": 2}, hang_after_s=6, quarantine_s=10)
+    # quarantined for 5 s: long enough to be seen out of the pool right after the recovery
+    # (checked at once below), short enough to be over when the job ends
+    spec = mesh_spec("blame-spin", parallel={"dp": 2}, hang_after_s=6, quarantine_s=5)
     want = uninterrupted(spec)
     target = free_pool(stack)[1]  # placement takes the free pool in order: rank 1 lands here
     w, j1 = start(stack, spec)

@@ -34,7 +34,6 @@ from pathlib import Path
 
 import pytest
 
-from services.procs import free_port
 from services.store import Store
 from tests.chaos.chaos import (
     assert_curve,
@@ -47,7 +46,6 @@ from tests.chaos.chaos import (
     succeeded,
     wait_record,
 )
-from tests.chaos.upstack import UpStack
 from tests.stack import wait_until
 
 pytestmark = pytest.mark.slow
@@ -118,55 +116,54 @@ def test_redis_stall_causes_no_recovery(stack, uninterrupted):
 
 
 # -- 2 ------------------------------------------------------------------------------------
-def test_redis_restart_under_meshkeeper_up(tmp_path, uninterrupted):
+def test_redis_restart_under_meshkeeper_up(up, uninterrupted):
     """SIGKILL the redis-server `meshkeeper up` runs, mid-job; `up` restarts it on the same
     port from its append-only file. `up` is held (SIGSTOP) for 2 x dead_after_s first, so Redis
     stays away that long, as a slow restart would: beats fail meanwhile, and the reloaded
     heartbeats are all old when it comes back. The job is still there and finishes exactly."""
-    spec = spec_for("redis-restart", spares=0)  # `up --workers 2`: both workers train
+    spec = spec_for("redis-restart", spares=0)  # two of the chaos suite's `up` workers train
     dead_after = spec["fault_tolerance"]["dead_after_s"]
     want = uninterrupted(spec)
-    up = UpStack(tmp_path / "run", free_port(), workers=2)
+    w, j1 = start(up, spec)
+    m0 = metrics_path(up, j1, 0)
+    wait_record(m0, at_step(3), 120, "rank 0 at step 3")
+    wait_until(lambda: up.client.job(j1.id).last_checkpoint, 60, "a committed checkpoint")
+    jobs = {s.id: s.phase for s in up.client.jobs()}
+    agents = {x.id for x in up.client.workers() if x.alive}
+    old = up.redis_pid()
+    assert old, f"no redis-server under meshkeeper up:\n{up.logs()}"
+    os.kill(up.proc.pid, signal.SIGSTOP)  # `up` cannot restart Redis yet
     try:
-        up.wait_ready(2)
-        w, j1 = start(up, spec)
-        m0 = metrics_path(up, j1, 0)
-        wait_record(m0, at_step(3), 120, "rank 0 at step 3")
-        wait_until(lambda: up.client.job(j1.id).last_checkpoint, 60, "a committed checkpoint")
-        old = up.redis_pid()
-        assert old, f"no redis-server under meshkeeper up:\n{up.logs()}"
-        os.kill(up.proc.pid, signal.SIGSTOP)  # `up` cannot restart Redis yet
-        try:
-            os.kill(old, signal.SIGKILL)
-            time.sleep(2 * dead_after)
-        finally:
-            os.kill(up.proc.pid, signal.SIGCONT)
-        new = wait_until(
-            lambda: (p := up.redis_pid()) not in (None, old) and p,
-            30,
-            "meshkeeper up to restart redis-server",
-        )
-        wait_until(lambda: up.client.ready(), 30, "the controller to reach Redis again")
-        assert "restarting it" in up.log.read_text(), up.logs()
-        # the job and its state came back from the AOF, in the run dir
-        j = w.poll()
-        assert j.phase == "Running" and j.generation == 1, (j.phase, j.generation)
-        assert j.last_checkpoint is not None and j.last_checkpoint.generation == 1
-        assert [s.id for s in up.client.jobs()] == [j1.id]
-        assert any((tmp_path / "run" / "redis").glob("appendonlydir/*.aof")), list(
-            (tmp_path / "run" / "redis").rglob("*")
-        )
-        wait_until(
-            lambda: all(x.alive for x in up.client.workers()), 30, "both agents to beat again"
-        )
-        time.sleep(2 * dead_after)  # where a false death would be declared
-        j = w.poll()
-        untouched(up, j)
-        still_training(m0, "after the Redis restart")
-        j = w.finish()
-        succeeded(up, j)
-        untouched(up, j)
-        assert up.redis_pid() == new and up.proc.poll() is None
-        assert_curve(up, j, want, exact=True)
+        os.kill(old, signal.SIGKILL)
+        time.sleep(2 * dead_after)
     finally:
-        up.close()
+        os.kill(up.proc.pid, signal.SIGCONT)
+    new = wait_until(
+        lambda: (p := up.redis_pid()) not in (None, old) and p,
+        30,
+        "meshkeeper up to restart redis-server",
+    )
+    wait_until(lambda: up.client.ready(), 30, "the controller to reach Redis again")
+    assert "restarting it" in up.log.read_text(), up.logs()
+    # the job and its state came back from the AOF, in the run dir
+    j = w.poll()
+    assert j.phase == "Running" and j.generation == 1, (j.phase, j.generation)
+    assert j.last_checkpoint is not None and j.last_checkpoint.generation == 1
+    assert {s.id: s.phase for s in up.client.jobs()} == jobs
+    assert any((up.work / "redis").glob("appendonlydir/*.aof")), list(
+        (up.work / "redis").rglob("*")
+    )
+    wait_until(
+        lambda: agents <= {x.id for x in up.client.workers() if x.alive},
+        30,
+        "every agent to beat again",
+    )
+    time.sleep(2 * dead_after)  # where a false death would be declared
+    j = w.poll()
+    untouched(up, j)
+    still_training(m0, "after the Redis restart")
+    j = w.finish()
+    succeeded(up, j)
+    untouched(up, j)
+    assert up.redis_pid() == new and up.proc.poll() is None
+    assert_curve(up, j, want, exact=True)

@@ -4,7 +4,7 @@ discovery, and an agent SIGKILLed together with its trainers, as a lost host, ne
 stack: the controller recovers its rank onto the spare, the job finishes with the exact loss,
 and `up` starts a fresh agent under a new worker id, which joins the free pool.
 
-One `up --workers 3` serves the module (each start costs three agents' torch imports)."""
+The chaos suite's one `up --workers 3` (tests/chaos/conftest.py) serves both tests."""
 
 from __future__ import annotations
 
@@ -27,24 +27,13 @@ from tests.chaos.chaos import (
     succeeded,
     wait_record,
 )
+from tests.chaos.conftest import UP_WORKERS
 from tests.chaos.upstack import UpStack
 from tests.stack import ROOT, wait_until
 
 pytestmark = pytest.mark.slow
 
-WORKERS = 3  # dp2 + 1 spare
 PROMETHEUS = ROOT / ".tools" / "bin" / "prometheus"  # scripts/install-promtool.sh
-
-
-@pytest.fixture(scope="module")
-def up(tmp_path_factory):
-    run = tmp_path_factory.mktemp("up") / "run"
-    s = UpStack(run, free_port(), WORKERS)
-    try:
-        s.wait_ready(WORKERS)
-        yield s
-    finally:
-        s.close()
 
 
 def prometheus_config(up: UpStack) -> dict:
@@ -88,7 +77,7 @@ def test_prometheus_finds_every_agent_of_up_through_http_sd(up, tmp_path):
         )
     try:
         agents = {w.id for w in up.client.workers() if w.alive}
-        assert len(agents) == WORKERS
+        assert len(agents) == UP_WORKERS
 
         def healthy_targets() -> set[str] | None:
             try:
@@ -135,6 +124,6 @@ def test_agent_killed_with_its_trainers_is_replaced_by_a_fresh_spare(up, uninter
         60,
         "a fresh agent to join",
     )
-    assert [(x.id, x.state, x.job) for x in fresh] == [(f"w{WORKERS}", "idle", None)], fresh
+    assert [(x.id, x.state, x.job) for x in fresh] == [(f"w{len(before)}", "idle", None)], fresh
     assert f"{victim.worker} exited (code -9)" in up.log.read_text(), up.logs()
     assert up.proc.poll() is None, up.logs()  # the stack lives on

@@ -19,6 +19,7 @@ import signal
 import pytest
 
 from tests.chaos.chaos import (
+    DP_TP,
     assert_curve,
     at_step,
     completed,
@@ -42,7 +43,7 @@ VICTIM = 3
 def test_watchdog_aborted_survivors_are_collateral_and_the_stopped_rank_is_blamed(
     stack, uninterrupted
 ):
-    spec = mesh_spec("watchdog-abort")  # dp2 x tp2, one spare
+    spec = mesh_spec("watchdog-abort", parallel=DP_TP)  # three survivors in TP groups, one spare
     want = uninterrupted(spec)
     w, j1 = start(stack, spec)
     victim, spare = rank(j1, VICTIM), j1.mesh.spares[0]
