@@ -13,6 +13,7 @@ the change across their own scrapes.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
@@ -288,6 +289,12 @@ def agent_argv(
         str(work / "workers" / wid),
         "--checkpoint-root",
         str(work / "checkpoints"),
+        # host memory of this stack's own: two test sessions on one host (the same worker
+        # ids) must not prune each other's snapshots
+        "--snapshot-dir",
+        str(
+            Path("/dev/shm/meshkeeper-tests") / hashlib.sha256(str(work).encode()).hexdigest()[:12]
+        ),
     ]
 
 
