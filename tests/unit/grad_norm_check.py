@@ -1,5 +1,6 @@
-"""Run under torchrun (4 ranks): clip_grad_norm over DTensor and plain gradients, on two
-layouts of the same ranks: dp2 x tp2 (one stage) and pp2 x tp2 (two stages).
+"""Run as 4 ranks (tests/rankrun.py: torchrun's environment): clip_grad_norm over DTensor and
+plain gradients, on two layouts of the same ranks: dp2 x tp2 (one stage) and pp2 x tp2 (two
+stages).
 
 Every rank builds the same full gradients from one seed and keeps its own piece, so the
 exact global norm is known. Prints one JSON line per layout on rank 0.

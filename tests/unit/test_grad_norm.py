@@ -48,13 +48,13 @@ def test_gradients_over_the_limit_are_scaled_to_it():
 
 @pytest.fixture(scope="module")
 def distributed_results() -> dict[str, dict]:
-    cmd = [
+    cmd = [  # tests/rankrun.py: torchrun's environment without its launcher's torch import
         sys.executable,
         "-m",
-        "torch.distributed.run",
-        "--standalone",
+        "tests.rankrun",
         "--nproc-per-node=4",
-        str(ROOT / "tests/unit/grad_norm_check.py"),
+        "-m",
+        "tests.unit.grad_norm_check",
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
