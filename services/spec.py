@@ -331,9 +331,12 @@ class BitFlip(Strict):
         description="The step at which the bit is flipped (<= train.steps; steps are counted "
         'as completed optimizer steps, docs/architecture.md, "Records").',
     )
-    tensor: Literal["param", "grad", "optim"] = Field(
+    tensor: Literal["param", "grad", "optim", "compute"] = Field(
         description="Which state of the rank: a parameter, a gradient (before the optimizer "
-        "step) or an optimizer state tensor."
+        "step) or an optimizer state tensor; or `compute`, a transient compute fault: one bit "
+        "of one activation flipped in the rank's first re-execution spot-check pass at `step` "
+        "(a multiple of sdc.every_steps, on a layout that runs spot checks: no DP replicas, "
+        "pp 1)."
     )
     bit: int = Field(
         default=30,
@@ -575,6 +578,8 @@ def chaos_problems(s: JobSpec) -> list[Problem]:
             )
         )
     for i, flip in enumerate(s.chaos.bitflip):
+        if flip.tensor == "compute":
+            out += _compute_fault_problems(s, i, flip)
         if flip.rank >= p.world_size:
             out.append(
                 Problem(
@@ -592,6 +597,62 @@ def chaos_problems(s: JobSpec) -> list[Problem]:
                 )
             )
     return out
+
+
+def has_replicas(p: ParallelSpec) -> bool:
+    """DP replicas hold bitwise-identical state: data parallel without ZeRO sharding (and,
+    with experts split over ep, more than one replica of each expert shard)."""
+    return p.dp // p.ep > 1 and p.zero == 0
+
+
+def spot_checked(s: JobSpec) -> bool:
+    """The layout runs re-execution spot checks (worker/trainer/spot_check.py): no replicas
+    to compare, and one pipeline stage (a schedule built for M microbatches cannot run one)."""
+    return s.sdc.enabled and not has_replicas(s.parallel) and s.parallel.pp == 1
+
+
+def _compute_fault_problems(s: JobSpec, i: int, flip: BitFlip) -> list[Problem]:
+    """A compute fault fires inside a spot check, so the job must run one at that step."""
+    p, every, steps = s.parallel, s.sdc.every_steps, s.train.steps
+    field = f"chaos.bitflip[{i}]"
+    if not s.sdc.enabled:
+        return [
+            Problem(
+                f"{field}.tensor",
+                "a compute fault fires inside a re-execution spot check, and sdc.enabled is "
+                "false: set sdc.enabled: true or flip param, grad or optim",
+            )
+        ]
+    if has_replicas(p) or p.pp > 1:
+        why = (
+            f"this layout compares DP replicas instead (dp {p.dp}, zero {p.zero})"
+            if has_replicas(p)
+            else f"pipeline layouts (pp {p.pp}) run none"
+        )
+        return [
+            Problem(
+                f"{field}.tensor",
+                "a compute fault fires inside a re-execution spot check, which runs only on "
+                f"layouts without DP replicas and with pp 1; {why}: flip param, grad or optim "
+                "here, or use parallel.zero 2 or 3 (or dp 1) with pp 1",
+            )
+        ]
+    # a step past train.steps has its own problem (chaos_problems)
+    if flip.step <= steps and (flip.step % every or flip.step == steps):
+        choices = list(range(every, steps, every))
+        return [
+            Problem(
+                f"{field}.step",
+                f"spot checks run at multiples of sdc.every_steps ({every}) below train.steps "
+                f"({steps}), so a compute fault at step {flip.step} never fires; "
+                + (
+                    f"choose one of {choices[:5]}{' ...' if len(choices) > 5 else ''}"
+                    if choices
+                    else "lower sdc.every_steps below train.steps"
+                ),
+            )
+        ]
+    return []
 
 
 def _walk(loc: tuple) -> tuple[str, Any]:

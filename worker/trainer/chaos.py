@@ -6,7 +6,9 @@ A flip fires in the job's first generation only (generation 1, or 0 for a standa
 a recovery replays the step it hit, and a flip that fired again would never let the job pass
 it. The flipped element is the first of this rank's largest parameter (its local shard), of
 that parameter's gradient (after the reduction, just before the optimizer step: every replica
-but this one applies the right update), or of its optimizer's first moment.
+but this one applies the right update), or of its optimizer's first moment. A `compute` flip
+is no state at all: the spot check (worker/trainer/spot_check.py) asks `compute_fault` and
+flips one activation of its first pass, as a transient fault in the device's arithmetic would.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from worker.trainer.snapshot_state import _local
 
 
 def flip_bit(t: torch.Tensor, bit: int) -> None:
-    """XOR one bit of the first 32-bit word of `t` (an fp32 tensor or its local shard), in
-    place."""
-    word = t.reshape(-1)[:1].view(torch.int32)  # a view: reshape of a contiguous tensor
+    """XOR one bit of the first 32-bit word of `t` (a contiguous tensor or its local shard of
+    at least 4 bytes: fp32 state, or a bf16 activation), in place."""
+    # views all the way: reshape of a contiguous tensor, then its first four bytes
+    word = t.reshape(-1).view(torch.uint8)[:4].view(torch.int32)
     mask = (1 << bit) - (1 << 32 if bit == 31 else 0)  # int32 two's complement
     word.bitwise_xor_(mask)
 
@@ -62,12 +65,23 @@ class BitFlips:
         for f in self._due(step, "optim"):
             self._flip(f, self.opt.state[self.param]["exp_avg"], f"{self.name} (exp_avg)")
 
+    def compute_fault(self, step: int) -> int | None:
+        """The bit a `compute` flip at `step` flips in the spot check's first pass, once (None:
+        no fault); the spot check flips it and calls `flipped`."""
+        due = self._due(step, "compute")
+        if not due:
+            return None
+        self.flips.remove(due[0])
+        return due[0].bit
+
+    def flipped(self, step: int, bit: int, what: str) -> None:
+        """Report a flip made elsewhere (the spot check's), like the others."""
+        self.report({"event": "chaos", "kind": "bitflip", "step": step, "tensor": what, "bit": bit})
+
     def _due(self, step: int, tensor: str) -> list[BitFlip]:
         return [f for f in self.flips if f.step == step and f.tensor == tensor]
 
     def _flip(self, f: BitFlip, t: torch.Tensor, name: str) -> None:
         with torch.no_grad():
             flip_bit(_local(t), f.bit)
-        self.report(
-            {"event": "chaos", "kind": "bitflip", "step": f.step, "tensor": name, "bit": f.bit}
-        )
+        self.flipped(f.step, f.bit, name)

@@ -6,9 +6,10 @@ Without them it runs as a single process.
 
 Exit codes the controller reads as deterministic failures (a restart would repeat them;
 docs/architecture.md, "Failure handling"): 2 for a spec, data or checkpoint that cannot be
-used as given, 3 for a non-finite loss or gradient. Exit code 4: DP replicas' state disagreed
-(silent data corruption, worker/trainer/sdc.py); the evidence is the metrics file's `sdc`
-line, and the controller replaces the blamed rank's worker and rolls back.
+used as given, 3 for a non-finite loss or gradient. Exit code 4: silent data corruption, found
+by DP replicas whose state disagreed (worker/trainer/sdc.py) or by a re-executed microbatch
+that differed (worker/trainer/spot_check.py); the evidence is the metrics file's `sdc` line,
+and the controller replaces the blamed rank's worker and rolls back.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from worker.trainer.sdc_guard import CorruptionGuard
 from worker.trainer.snapshot import Snapshotter
 from worker.trainer.snapshot_restore import restore_from_memory
 from worker.trainer.snapshot_state import capture
+from worker.trainer.spot_check import SpotCheck
 from worker.trainer.step import NonFiniteError, StepResult, Trainer
 from worker.trainer.train_state import DataStream, ResumeRefused
 
@@ -183,6 +185,23 @@ def corrupted(
     return 4
 
 
+def sdc_line(spec: JobSpec, replicas: bool, spot: bool) -> str:
+    """What this layout checks for silent data corruption, for the job's log."""
+    every = spec.sdc.every_steps
+    if replicas:
+        return f"DP replicas compare state fingerprints every {every} steps"
+    if spot:
+        return (
+            f"no DP replicas with identical state: every {every} steps each rank re-executes "
+            "one microbatch and compares the results bitwise (spot check)"
+        )
+    return (
+        f"no DP replicas with identical state, and pipeline layouts (pp {spec.parallel.pp}) run "
+        "no spot checks (one microbatch cannot run through a schedule built for "
+        f"{spec.parallel.microbatches}): silent data corruption is not checked"
+    )
+
+
 def data_stream(spec: JobSpec) -> DataStream:
     return DataStream(spec.data.seed, spec.train.global_batch)
 
@@ -240,12 +259,9 @@ def run(args: argparse.Namespace) -> int:
             if spec.chaos and spec.chaos.bitflip
             else None
         )
-        if spec.sdc.enabled and not checks:
-            say(
-                "[meshkeeper] sdc: this layout has no DP replicas with identical state "
-                "(it needs dp/ep > 1 and parallel.zero 0): silent data corruption is not checked",
-                flush=True,
-            )
+        spot = SpotCheck(spec, trainer, flips) if SpotCheck.applies(spec) else None
+        if spec.sdc.enabled:
+            say(f"[meshkeeper] sdc: {sdc_line(spec, checks, spot is not None)}", flush=True)
         watch = AnomalyWatch(spec.sdc.anomaly_window, spec.sdc.anomaly_z)
         start = resume(ckpt, plan, trainer, spec, say, metrics)
         metrics.write({"event": "ready", "ready_at": time.time(), "start_step": start})
@@ -262,7 +278,9 @@ def run(args: argparse.Namespace) -> int:
 
         def settle(step: int, checked: bool) -> None:
             """Check the state after `step` when due, then snapshot it; the start state too,
-            so a fault before the first periodic snapshot still restores from memory."""
+            so a fault before the first periodic snapshot still restores from memory. A spot
+            check runs after the snapshot: it vouches for that state (it never changes it), so
+            its failure rolls back to `step` itself."""
             if checked and guard:
                 guard.verify(step)
             if snaps:
@@ -271,6 +289,8 @@ def run(args: argparse.Namespace) -> int:
                     state = data_stream(spec).train_state(step)
                     parts = (trainer.parts, trainer.optimizers, trainer.schedulers)
                     snaps.take(step, capture(*parts, state), checked=checked and guard is not None)
+            if spot and spot.due(step):
+                spot.verify(step)
 
         try:
             if start < steps:
@@ -293,7 +313,9 @@ def run(args: argparse.Namespace) -> int:
                     )
                 save = ckpt is not None and (r.step % every == 0 or r.step == steps)
                 # a checkpoint is only ever written of checked state
-                settle(r.step, checked=save or (guard is not None and guard.due(r.step)))
+                # a check due (at most one kind runs: replicas or spot checks) snapshots first
+                check = guard or spot
+                settle(r.step, checked=save or (check is not None and check.due(r.step)))
                 if not args.quiet:
                     say(
                         f"step {r.step:>6}/{steps}  loss {r.loss:.4f}  lr {r.lr:.2e}  "

@@ -110,9 +110,19 @@ class Trainer:
             ce = ce.to_local()  # replicated: every TP rank holds the whole value
         return ce / self.spec.parallel.microbatches
 
+    def loss_context(self) -> contextlib.AbstractContextManager:
+        """What a microbatch's forward and backward run inside: loss_parallel() when the
+        head's logits are vocab shards."""
+        return loss_parallel() if self.vocab_sharded else contextlib.nullcontext()
+
+    def loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """One microbatch's loss as training computes it (inside `loss_context`); for
+        re-executing a microbatch (worker/trainer/spot_check.py)."""
+        return self._loss_fn(logits, target)
+
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Local mean loss (meaningful on last-stage ranks only under PP)."""
-        with loss_parallel() if self.vocab_sharded else contextlib.nullcontext():
+        with self.loss_context():
             return self._forward_backward_on(x.to(self.ctx.device), y.to(self.ctx.device))
 
     def _forward_backward_on(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,135 @@
+"""Re-execution spot checks: the silent-data-corruption check of layouts without DP replicas
+(docs/architecture.md, "Silent data corruption").
+
+With ZeRO 2/3 or a single replica no two ranks hold the same state, so there is nothing to
+compare fingerprints with. Instead, every `sdc.every_steps` steps every rank runs one
+microbatch (the first of the next step's local batch) forward and backward twice and compares
+the two results bitwise: the loss, the logits, and the gradient of the loss with respect to
+the token embedding's output, which flows back through every block and the head. The kernels
+are deterministic (gloo on CPU; on CUDA the passes run under
+torch.use_deterministic_algorithms), so any difference is a transient compute fault.
+
+The backward is `torch.autograd.grad(loss, inputs=[embedding output])`: no parameter's `.grad`
+is written, so FSDP reduces nothing, and parameters, gradients and optimizer state are
+exactly what they were. The state the check vouches for is therefore that of the step it runs
+at (`clean_step` = `step`). A mismatch blames the ranks whose passes differed; under TP a
+fault on one rank can reach its TP peers through the pass's collectives, and then the whole
+TP group is blamed. Pipeline layouts are not covered: a schedule built for M microbatches
+cannot run one (it would need a second schedule).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+from services.spec import JobSpec, spot_checked
+from worker.trainer.chaos import BitFlips, flip_bit
+from worker.trainer.sdc import SilentCorruption, fingerprint
+from worker.trainer.step import Trainer
+
+# compared in this order; the first that differs names the mismatch
+COMPARED = ("loss", "logits", "input gradient")
+
+
+class SpotCheck:
+    """One rank's side of the spot check. Every rank of the world calls `verify` at the same
+    steps (the passes run the layout's collectives, and the verdict is a world all-reduce)."""
+
+    def __init__(self, spec: JobSpec, trainer: Trainer, flips: BitFlips | None = None):
+        self.every, self.steps = spec.sdc.every_steps, spec.train.steps
+        self.trainer, self.flips = trainer, flips
+        self.model = trainer.parts[0]
+
+    @staticmethod
+    def applies(spec: JobSpec) -> bool:
+        """sdc on, no DP replicas to compare (worker/trainer/sdc.py), one pipeline stage."""
+        return spot_checked(spec)
+
+    def due(self, step: int) -> bool:
+        """At multiples of every_steps, after a step that has a next one to protect."""
+        return 0 < step < self.steps and step % self.every == 0
+
+    def verify(self, step: int) -> None:
+        """Every rank, after the state of `step` was snapshotted: returns when every rank's two
+        passes agree bitwise, raises SilentCorruption (the same evidence on every rank) when
+        one rank's do not."""
+        t = self.trainer
+        x, y = t.batches.local(step, t.ctx.coord.dp)
+        n = t.spec.parallel.microbatches
+        x, y = x.chunk(n)[0].to(t.ctx.device), y.chunk(n)[0].to(t.ctx.device)
+        bit = self.flips.compute_fault(step) if self.flips else None
+        with _deterministic(t.ctx.device):
+            first = self._pass(x, y, step, bit)
+            second = self._pass(x, y, step, None)
+        differs = [name for name, a, b in zip(COMPARED, first, second, strict=True) if a != b]
+        flag = torch.tensor([int(bool(differs))], device=t.ctx.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if not int(flag):
+            return
+        every: list = [None] * dist.get_world_size()
+        dist.all_gather_object(every, {"rank": t.ctx.rank, "mismatch": differs})
+        raise SilentCorruption(evidence(step, every))
+
+    def _pass(self, x: torch.Tensor, y: torch.Tensor, step: int, bit: int | None) -> list[int]:
+        """One forward and input-gradient backward of the microbatch: the fingerprints of its
+        loss, logits and input gradient. `bit`: flip it in the embedding's output first."""
+        captured: list[torch.Tensor] = []
+
+        def hook(_module, _inputs, out: torch.Tensor) -> torch.Tensor:
+            if bit is not None:
+                out = out.clone()  # the flipped copy is what the blocks and the gradient see
+                with torch.no_grad():
+                    flip_bit(out, bit)
+                self.flips.flipped(step, bit, "embed output (compute)")
+            captured.append(out)
+            return out
+
+        handle = self.model.embed.register_forward_hook(hook)
+        try:
+            with self.trainer.loss_context():
+                logits = self.model(x)
+                loss = self.trainer.loss(logits, y)
+                (grad,) = torch.autograd.grad(loss, captured)
+        finally:
+            handle.remove()
+        named = zip(COMPARED, (loss.detach(), logits.detach(), grad), strict=True)
+        return fingerprint([(n, v.contiguous()) for n, v in named]).tolist()
+
+
+def evidence(step: int, reports: list[dict]) -> dict:
+    """The same evidence as the replica check's (RankReport.sdc), from every rank's {rank,
+    mismatch: the compared values that differed between its passes}."""
+    bad = [r for r in reports if r["mismatch"]]
+    ranks = sorted(r["rank"] for r in bad)
+    tensor = next(n for n in COMPARED if any(n in r["mismatch"] for r in bad))
+    what = "; ".join(f"rank {r['rank']}: {', '.join(r['mismatch'])}" for r in bad)
+    return {
+        "step": step,
+        "clean_step": step,  # the check reads the state, never writes it
+        "tensor": tensor,
+        "ranks": ranks,
+        "suspects": ranks,
+        "detail": (
+            f"re-executing one microbatch at step {step} gave a different result on rank(s) "
+            f"{ranks} ({what}); blamed by spot check: rank(s) {ranks}"
+        ),
+    }
+
+
+@contextlib.contextmanager
+def _deterministic(device: torch.device):
+    """On CUDA, deterministic kernels for the two passes (an op without one warns); CPU
+    kernels and gloo already are."""
+    if device.type != "cuda":
+        yield
+        return
+    was = torch.are_deterministic_algorithms_enabled()
+    warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn)
