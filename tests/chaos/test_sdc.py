@@ -55,3 +55,33 @@ def test_bit_flip_is_found_blamed_and_rolled_back_to_the_exact_loss(
     assert rec.restored_from[str(flip["rank"])] == "peer", rec.restored_from  # not its own copy
     assert culprit not in {r.worker for r in j.mesh.ranks}
     assert_curve(stack, j, want, exact=True)
+
+
+def test_compute_fault_is_caught_by_a_spot_check_and_blamed_without_a_rollback(
+    stack, uninterrupted
+):
+    """zero 3 has no replicas: every CHECK_EVERY steps each rank re-executes one microbatch
+    (worker/trainer/spot_check.py). A bit flipped in rank 1's first pass at step 8 makes its
+    passes differ; the check changed no state, so the job resumes from step 8 itself. The
+    reference run spot-checks too (at step 10, the default interval): checks touch nothing."""
+    spec = mesh_spec("sdc-compute", parallel={"dp": 2, "zero": 3})
+    spec["sdc"] = {"every_steps": CHECK_EVERY}
+    flip = {"rank": 1, "step": 2 * CHECK_EVERY, "tensor": "compute"}
+    spec["chaos"] = {"bitflip": [flip]}
+    want = uninterrupted(spec)
+    w, j = start(stack, spec)
+    culprit = rank(j, 1).worker
+    j = w.finish()
+    succeeded(stack, j)
+
+    [rec] = j.recoveries
+    assert (rec.cause, rec.action) == ("SilentDataCorruption", "replace"), rec
+    assert [q.worker for q in rec.quarantined] == [culprit], rec.quarantined
+    [fault] = rec.faults
+    ev = fault.evidence
+    assert (fault.rank, fault.worker) == (1, culprit), fault
+    assert (ev["ranks"], ev["suspects"]) == ([1], [1]), ev
+    assert (ev["step"], ev["clean_step"], rec.resumed_step) == (flip["step"],) * 3, (ev, rec)
+    assert "spot check" in ev["detail"], ev
+    assert rec.restored_from[str(flip["rank"])] == "peer", rec.restored_from
+    assert_curve(stack, j, want, exact=True)
