@@ -17,6 +17,7 @@ import time
 import psutil
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def die_with_parent(sig: int = signal.SIGKILL, parent: int = 0) -> None:
@@ -30,6 +31,48 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int = 0) -> None:
         return  # not Linux: process-group stops still apply
     if parent and os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
+
+
+def become_subreaper() -> bool:
+    """Adopt this process's orphaned descendants (Linux PR_SET_CHILD_SUBREAPER): a process
+    forked by a child of ours and left by it becomes our child, to reap and watch (`Child`).
+    False where the kernel cannot."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+class Child:
+    """A child process known by its pid alone (one this process adopted or forked itself),
+    with the part of `subprocess.Popen` that the callers of `stop_all` use: `pid`, `poll`,
+    `wait`, `returncode`, `stdin` (None). Only this object may reap it (never `os.wait()`),
+    so its pid cannot be reused while it is not reaped."""
+
+    stdin = None
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+        self.args = [str(pid)]
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped by someone else: gone, with its code unknown
+                self.returncode = 1
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.01)
+        return self.returncode
 
 
 def free_port(host: str = "127.0.0.1") -> int:

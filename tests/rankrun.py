@@ -4,20 +4,26 @@ LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), rank 0 hosting the rendezvous store
 starts a generation's ranks (docs/architecture.md, "Agent").
 
 It stands in for `torchrun --standalone` in the tests: torchrun's launcher imports torch
-(about 2 s of CPU) before any rank starts, and every reference run paid that. What the tests
-relied on is kept: each rank in a session of its own that dies with the launcher; when a
-rank fails, the others are stopped (SIGTERM, SIGKILL after 5 s) and the launcher exits 1;
-the ranks' output goes straight through (a failing rank's traceback lines carry torch's own
-`[rankN]` prefix).
+(about 2 s of CPU) before any rank starts, and then every rank imports it again. Here the
+launcher imports MODULE once and forks the ranks from itself, as the agent's zygote does
+(worker/agent/zygote.py): a rank starts with nothing left to import, and a reference run costs
+one import instead of N. What the tests relied on is kept: each rank in a session of its own
+that dies with the launcher; when a rank fails, the others are stopped (SIGTERM, SIGKILL
+after 5 s) and the launcher exits 1; the ranks' output goes straight through (a failing
+rank's traceback lines carry torch's own `[rankN]` prefix).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
-import subprocess
+import runpy
+import signal
 import sys
+import traceback
 
-from services.procs import die_with_parent, free_port, stop_all
+from services.procs import Child, die_with_parent, free_port, stop_all
 
 USAGE = "usage: python -m tests.rankrun --nproc-per-node=N -m MODULE [ARGS...]"
 STOP_GRACE_S = 5.0
@@ -33,11 +39,51 @@ def parse(argv: list[str]) -> tuple[int, str, list[str]]:
     return int(n), argv[2], argv[3:]
 
 
+def preload(module: str) -> None:
+    """Import what the ranks' entry imports, once, before the forks: the module, and a
+    package's `main` module where it has one (worker.trainer's __main__ only calls it)."""
+    mod = importlib.import_module(module)
+    if hasattr(mod, "__path__") and importlib.util.find_spec(f"{module}.main") is not None:
+        importlib.import_module(f"{module}.main")
+
+
+def rank_main(module: str, args: list[str], env: dict[str, str]) -> int:
+    """In a forked rank: `python -m MODULE ARGS` with the rank's environment; its exit code."""
+    os.setsid()
+    die_with_parent(signal.SIGKILL)
+    # a stream of its own, line-buffered: each line in one write, never split by another rank's
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    os.environ.update(env)
+    sys.argv = [module, *args]
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        return 0
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else int(e.code is not None)
+    except BaseException:
+        traceback.print_exc()
+        return 1
+
+
+def fork_rank(module: str, args: list[str], env: dict[str, str]) -> Child:
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = rank_main(module, args, env)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    return Child(pid)
+
+
 def run(world: int, module: str, args: list[str]) -> int:
     """Start every rank, wait for them all; 0 if every rank exited 0, else 1 once the first
     failure stopped the others."""
+    preload(module)
     common = {
-        **os.environ,
         "WORLD_SIZE": str(world),
         "LOCAL_WORLD_SIZE": str(world),
         "MASTER_ADDR": "127.0.0.1",
@@ -46,21 +92,14 @@ def run(world: int, module: str, args: list[str]) -> int:
     ranks = {
         p.pid: (rank, p)
         for rank in range(world)
-        for p in [
-            subprocess.Popen(
-                [sys.executable, "-m", module, *args],
-                env={**common, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                start_new_session=True,
-                preexec_fn=die_with_parent,
-            )
-        ]
+        for p in [fork_rank(module, args, {**common, "RANK": str(rank), "LOCAL_RANK": str(rank)})]
     }
     while ranks:
         pid, status = os.wait()
         if pid not in ranks:
             continue
         rank, p = ranks.pop(pid)
-        p.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+        p.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Child.poll
         if p.returncode != 0:
             print(f"[rankrun] rank {rank} exited with {p.returncode}", file=sys.stderr, flush=True)
             stop_all([q for _, q in ranks.values()], STOP_GRACE_S)
