@@ -5,11 +5,11 @@ The same dp=2 job trained under torchrun twice per round: `sdc.enabled: false`, 
 checks at their default interval. At zero 0 (DP replicas with identical state) that is a
 parameter fingerprint every step for the replay and every state tensor's fingerprint compared
 across the replicas every `sdc.every_steps`; at `--zero 2` or `3` (no replicas) a re-execution
-spot check every `sdc.every_steps` (worker/trainer/spot_check.py). Rounds alternate so drift
+spot check every `sdc.spot_every_steps` (worker/trainer/spot_check.py). Rounds alternate so drift
 on a shared host hits both arms alike. Step time is the gap between consecutive step records
 of every rank after warm-up: it includes the checks, which run between steps. Its median
 (the replica check's every-step cost) and, for spot checks, its mean: they run in one gap of
-every `every_steps`, which a median never sees.
+every `spot_every_steps`, which a median never sees.
 
     python bench/sdc_cost.py [--preset tiny] [--steps 400] [--rounds 2] [--zero 0]
 
@@ -73,7 +73,7 @@ def main() -> None:
         "--zero", type=int, choices=(0, 2, 3), default=0, help="2 or 3: spot checks, no replicas"
     )
     a = ap.parse_args()
-    every = SdcSpec().every_steps
+    every = SdcSpec().spot_every_steps if a.zero else SdcSpec().every_steps
     none, checked, found = [], [], 0
     for i in range(a.rounds):
         none += run(job(a.preset, a.steps, False, a.zero))[0]

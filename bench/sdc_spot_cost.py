@@ -6,13 +6,13 @@ A dp=2 job without replicas (zero 3 by default) on 2 local ranks: each round tim
 `train_step` and one `SpotCheck.verify` back to back, every rank starting both at a barrier,
 so drift on a shared host hits both alike (bench/sdc_cost.py measures the whole run instead,
 and its means need a quiet host). The amortized cost at the default interval is
-check / (every_steps * step).
+check / (spot_every_steps * step).
 
     python bench/sdc_spot_cost.py [--preset tiny] [--zero 3] [--rounds 40]
 
 Summary lines (stable):
     `sdc spot check / step (<preset>, zero Z): X.XXx (median)`
-    `sdc spot checks at every_steps N (<preset>, zero Z): +X.X% step time`
+    `sdc spot checks at spot_every_steps N (<preset>, zero Z): +X.X% step time`
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def job(preset: str, zero: int, rounds: int) -> dict:
         "data": {"source": "synthetic", "seed": 7},
         "parallel": {"dp": 2, "zero": zero},
         "train": {"steps": 2 * (rounds + WARMUP), "global_batch": 16, "lr": 1e-3},
-        "sdc": {"every_steps": 1},  # a check may run after any step here
+        "sdc": {"spot_every_steps": 1},  # a check may run after any step here
     }
 
 
@@ -94,12 +94,12 @@ def main() -> None:
     times = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
     ratios = [c / s for s, c in zip(times["steps"], times["checks"], strict=True)]
     step, check = statistics.median(times["steps"]), statistics.median(times["checks"])
-    ratio, every = statistics.median(ratios), SdcSpec().every_steps
+    ratio, every = statistics.median(ratios), SdcSpec().spot_every_steps
     print(f"model {a.preset}, dp=2 zero {a.zero}, {a.rounds} rounds of (step, check)")
     print(f"  median: step {step * 1e3:.2f} ms, spot check {check * 1e3:.2f} ms")
     print(f"sdc spot check / step ({a.preset}, zero {a.zero}): {ratio:.3f}x (median)")
     print(
-        f"sdc spot checks at every_steps {every} ({a.preset}, zero {a.zero}): "
+        f"sdc spot checks at spot_every_steps {every} ({a.preset}, zero {a.zero}): "
         f"+{ratio / every:.1%} step time"
     )
 

@@ -65,7 +65,7 @@ def test_compute_fault_is_caught_by_a_spot_check_and_blamed_without_a_rollback(
     passes differ; the check changed no state, so the job resumes from step 8 itself. The
     reference run spot-checks too (at step 10, the default interval): checks touch nothing."""
     spec = mesh_spec("sdc-compute", parallel={"dp": 2, "zero": 3})
-    spec["sdc"] = {"every_steps": CHECK_EVERY}
+    spec["sdc"] = {"spot_every_steps": CHECK_EVERY}
     flip = {"rank": 1, "step": 2 * CHECK_EVERY, "tensor": "compute"}
     spec["chaos"] = {"bitflip": [flip]}
     want = uninterrupted(spec)

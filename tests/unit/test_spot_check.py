@@ -82,7 +82,7 @@ def _spec(name: str, parallel: dict, model: dict | None = None, flip: dict | Non
         "data": {"source": "synthetic", "seed": 7},
         "parallel": parallel,
         "train": {"steps": 6, "global_batch": 4, "lr": 3e-3, "warmup_steps": 1},
-        "sdc": {"every_steps": 2},
+        "sdc": {"spot_every_steps": 2},
     }
     if flip:
         spec["chaos"] = {"bitflip": [{"step": 2, "tensor": "compute", **flip}]}

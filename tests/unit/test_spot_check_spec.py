@@ -13,7 +13,7 @@ GOOD = {
     "model": {"preset": "tiny"},
     "parallel": {"dp": 2, "zero": 3},
     "train": {"steps": 20, "global_batch": 8},
-    "sdc": {"every_steps": 5},
+    "sdc": {"spot_every_steps": 5},
 }
 
 
@@ -55,7 +55,8 @@ def test_a_compute_flip_with_sdc_off_says_to_turn_it_on():
 def test_a_compute_flip_off_a_check_step_names_the_steps_it_could_use(step):
     got = problems(compute(step=step))
     assert list(got) == ["chaos.bitflip[0].step"], got
-    assert "multiples of sdc.every_steps (5) below train.steps (20)" in got["chaos.bitflip[0].step"]
+    why = got["chaos.bitflip[0].step"]
+    assert "multiples of sdc.spot_every_steps (5) below train.steps (20)" in why, why
     assert "choose one of [5, 10, 15]" in got["chaos.bitflip[0].step"], got
 
 

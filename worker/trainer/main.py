@@ -187,12 +187,12 @@ def corrupted(
 
 def sdc_line(spec: JobSpec, replicas: bool, spot: bool) -> str:
     """What this layout checks for silent data corruption, for the job's log."""
-    every = spec.sdc.every_steps
     if replicas:
-        return f"DP replicas compare state fingerprints every {every} steps"
+        return f"DP replicas compare state fingerprints every {spec.sdc.every_steps} steps"
     if spot:
         return (
-            f"no DP replicas with identical state: every {every} steps each rank re-executes "
+            f"no DP replicas with identical state: every {spec.sdc.spot_every_steps} steps each "
+            "rank re-executes "
             "one microbatch and compares the results bitwise (spot check)"
         )
     return (

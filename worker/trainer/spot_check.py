@@ -2,7 +2,7 @@
 (docs/architecture.md, "Silent data corruption").
 
 With ZeRO 2/3 or a single replica no two ranks hold the same state, so there is nothing to
-compare fingerprints with. Instead, every `sdc.every_steps` steps every rank runs one
+compare fingerprints with. Instead, every `sdc.spot_every_steps` steps every rank runs one
 microbatch (the first of the next step's local batch) forward and backward twice and compares
 the two results bitwise: the loss, the logits, and the gradient of the loss with respect to
 the token embedding's output, which flows back through every block and the head. The kernels
@@ -39,7 +39,7 @@ class SpotCheck:
     steps (the passes run the layout's collectives, and the verdict is a world all-reduce)."""
 
     def __init__(self, spec: JobSpec, trainer: Trainer, flips: BitFlips | None = None):
-        self.every, self.steps = spec.sdc.every_steps, spec.train.steps
+        self.every, self.steps = spec.sdc.spot_every_steps, spec.train.steps
         self.trainer, self.flips = trainer, flips
         self.model = trainer.parts[0]
 
@@ -49,7 +49,7 @@ class SpotCheck:
         return spot_checked(spec)
 
     def due(self, step: int) -> bool:
-        """At multiples of every_steps, after a step that has a next one to protect."""
+        """At multiples of spot_every_steps, after a step that has a next one to protect."""
         return 0 < step < self.steps and step % self.every == 0
 
     def verify(self, step: int) -> None:
