@@ -58,7 +58,7 @@ class AgentConfig:
     run_dir: Path
     labels: dict[str, str] = field(default_factory=dict)
     devices: int = 1
-    warm: int = 1  # pre-forked trainer processes kept ready (0 = cold start)
+    warm: int = 1  # above 0: trainers forked from a zygote (worker/agent/zygote.py); 0: cold
     heartbeat_s: float = 0.5
     tick_s: float = 0.2
     stop_grace_s: float = 3.0  # SIGTERM -> SIGKILL
@@ -153,12 +153,12 @@ class Agent:
         self.cfg.run_dir.mkdir(parents=True, exist_ok=True)
         self.heartbeat.start()
         log.info(
-            "agent %s up: host %s, address %s, %d device(s), %d warm",
+            "agent %s up: host %s, address %s, %d device(s), trainers %s",
             self.cfg.wid,
             self.cfg.host,
             self.cfg.address,
             self.cfg.devices,
-            self.cfg.warm,
+            "forked from a zygote" if self.launcher.warm else "started cold",
         )
         redis_outage = Outage(
             redis.RedisError,
