@@ -103,10 +103,17 @@ def silent_corruption(ranks: list[RankStatus], now: float) -> list[FaultRecord]:
     at = _num(first.exited_at, now)
     by_rank = {r.rank: r for r in ranks}
     suspects = [by_rank[n] for n in _rank_list(evidence.get("suspects")) if n in by_rank]
-    found = (
-        f"fingerprints of {evidence.get('tensor', 'a tensor')} disagree between ranks "
-        f"{_rank_list(evidence.get('ranks'))} at the check of step {evidence.get('step')}"
-    )
+    tensor, at_step = evidence.get("tensor", "a tensor"), evidence.get("step")
+    if evidence.get("check") == "spot":  # worker/trainer/spot_check.py
+        found = (
+            f"re-executing one microbatch gave a different {tensor} on ranks "
+            f"{_rank_list(evidence.get('ranks'))} at the spot check of step {at_step}"
+        )
+    else:
+        found = (
+            f"fingerprints of {tensor} disagree between ranks "
+            f"{_rank_list(evidence.get('ranks'))} at the check of step {at_step}"
+        )
     rollback = f"rolling back to step {evidence.get('clean_step')}, the newest checked state"
     told = f": {evidence['detail']}" if evidence.get("detail") else ""
     if suspects:

@@ -292,10 +292,11 @@ class SnapshotSpec(Strict):
 class SdcSpec(Strict):
     enabled: bool = Field(
         default=True,
-        description="Compare a fingerprint of every tensor of the parameters and optimizer state "
-        "across DP replicas that must hold bitwise-identical state, to catch silent data "
-        'corruption (docs/fault-tolerance.md, "Silent data corruption"). Only layouts with '
-        "replicas (parallel.zero 0, dp > 1) have anything to compare.",
+        description="Check for silent data corruption (docs/fault-tolerance.md, \"Silent data "
+        'corruption"): layouts with DP replicas (parallel.zero 0, dp > 1) compare a fingerprint '
+        "of every parameter and optimizer-state tensor across the replicas every every_steps; "
+        "layouts without them and with pp 1 run a re-execution spot check every "
+        "spot_every_steps. Pipeline layouts without replicas are not checked.",
     )
     every_steps: int = Field(
         default=10,

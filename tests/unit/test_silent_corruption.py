@@ -72,6 +72,23 @@ def test_the_suspect_alone_is_faulty_with_the_evidence():
         assert fact in f.detail, f.detail
 
 
+def test_a_spot_check_finding_is_told_as_a_re_execution_not_a_fingerprint_disagreement():
+    evidence = {
+        "check": "spot",
+        "step": 40,
+        "clean_step": 40,
+        "tensor": "input gradient",
+        "ranks": [2],
+        "suspects": [2],
+        "detail": "re-executing one microbatch at step 40 gave a different result on rank(s) [2]",
+    }
+    found = health.silent_corruption(all_exited(evidence), now=100.0)
+    assert [(f.cause, f.rank) for f in found] == [("SilentDataCorruption", 2)]
+    detail = found[0].detail
+    assert "different input gradient on ranks [2] at the spot check of step 40" in detail, detail
+    assert "fingerprints" not in detail, detail
+
+
 def test_two_suspects_are_two_faults():
     evidence = {**EVIDENCE, "suspects": [1, 3]}
     found = health.silent_corruption(all_exited(evidence), now=100.0)

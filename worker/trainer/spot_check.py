@@ -107,6 +107,7 @@ def evidence(step: int, reports: list[dict]) -> dict:
     tensor = next(n for n in COMPARED if any(n in r["mismatch"] for r in bad))
     what = "; ".join(f"rank {r['rank']}: {', '.join(r['mismatch'])}" for r in bad)
     return {
+        "check": "spot",  # the replica check's evidence has no `check`
         "step": step,
         "clean_step": step,  # the check reads the state, never writes it
         "tensor": tensor,
