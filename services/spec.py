@@ -292,7 +292,7 @@ class SnapshotSpec(Strict):
 class SdcSpec(Strict):
     enabled: bool = Field(
         default=True,
-        description="Check for silent data corruption (docs/fault-tolerance.md, \"Silent data "
+        description='Check for silent data corruption (docs/fault-tolerance.md, "Silent data '
         'corruption"): layouts with DP replicas (parallel.zero 0, dp > 1) compare a fingerprint '
         "of every parameter and optimizer-state tensor across the replicas every every_steps; "
         "layouts without them and with pp 1 run a re-execution spot check every "
