@@ -41,10 +41,14 @@ from pathlib import Path
 from services.procs import die_with_parent
 
 # Under memory pressure the kernel should kill a trainer (the agent reports an OutOfMemory
-# naming the rank), not the zygote: the trainer is what allocates, and a killed zygote would
-# send the next recovery's ranks back to cold starts. Lowering needs CAP_SYS_RESOURCE (root);
-# without it the zygote simply stays at the default. Its forks go back to the default.
-ZYGOTE_OOM_SCORE_ADJ = -500
+# naming the rank), never the zygote: the trainer is what allocates, the zygote only holds
+# its import, and a killed zygote would send the next recovery's ranks back to cold starts.
+# Exempt, not just lowered: in a memory cgroup's OOM the kernel scores a process by its whole
+# RSS (the zygote's ~300 MB of imports, charged wherever they were first touched) and scales
+# the adjustment by the cgroup's limit, so -500 in a small group still lost to a trainer.
+# Lowering needs CAP_SYS_RESOURCE (root); without it the zygote stays at the default. Its
+# forks go back to the default (raising needs no privilege).
+ZYGOTE_OOM_SCORE_ADJ = -1000
 
 
 def oom_score_adj(value: int) -> None:
