@@ -19,10 +19,13 @@ CHECK_EVERY = 4  # below the checkpoint interval (5): checks run at 4, 5, 8, 10,
     "parallel, flip",
     [
         ({"dp": 2}, {"rank": 1, "step": 6, "tensor": "param"}),
+        ({"dp": 2}, {"rank": 0, "step": 7, "tensor": "grad"}),
+        ({"dp": 2}, {"rank": 1, "step": 8, "tensor": "optim"}),  # on a check step
+        ({"dp": 2, "tp": 2}, {"rank": 3, "step": 6, "tensor": "param"}),
         ({"dp": 2, "tp": 2}, {"rank": 2, "step": 9, "tensor": "grad"}),
         ({"dp": 2, "tp": 2}, {"rank": 1, "step": 6, "tensor": "optim"}),
     ],
-    ids=["dp2-param", "dp2tp2-grad", "dp2tp2-optim"],
+    ids=["dp2-param", "dp2-grad", "dp2-optim", "dp2tp2-param", "dp2tp2-grad", "dp2tp2-optim"],
 )
 def test_bit_flip_is_found_blamed_and_rolled_back_to_the_exact_loss(
     stack, uninterrupted, parallel, flip
@@ -63,7 +66,8 @@ def test_compute_fault_is_caught_by_a_spot_check_and_blamed_without_a_rollback(
     """zero 3 has no replicas: every CHECK_EVERY steps each rank re-executes one microbatch
     (worker/trainer/spot_check.py). A bit flipped in rank 1's first pass at step 8 makes its
     passes differ; the check changed no state, so the job resumes from step 8 itself. The
-    reference run spot-checks too (at step 10, the default interval): checks touch nothing."""
+    reference run has the default sdc section (spot checks every 100 steps: none in 15), so
+    the exact loss also shows that the checks touch nothing."""
     spec = mesh_spec("sdc-compute", parallel={"dp": 2, "zero": 3})
     spec["sdc"] = {"spot_every_steps": CHECK_EVERY}
     flip = {"rank": 1, "step": 2 * CHECK_EVERY, "tensor": "compute"}
