@@ -34,6 +34,7 @@ from services.spec import SpecError
 from services.store import Store, loads
 from worker.agent.heartbeat import Heartbeat
 from worker.agent.launcher import Launcher
+from worker.agent.memory_watch import MemoryWatch
 from worker.agent.metrics_endpoint import AgentMetrics, AgentSnapshot, RankSnapshot
 from worker.agent.metrics_tail import CheckpointCommitted, SnapshotTaken
 from worker.agent.probe import Prober
@@ -308,9 +309,11 @@ class Agent:
                 str(restore_path),
             ] + (["--snapshot-plan", str(snapshots)] if snapshots else [])
             metrics, log_path = d / f"metrics-{e.rank}.jsonl", d / f"rank{e.rank}.log"
+            memory = MemoryWatch()
+            memory.baseline(self.launcher.origin())  # OOM kills count from before the fork
             proc = self.launcher.launch(argv, env, log_path)
             run.ranks[e.rank] = RankProcess(
-                e.rank, proc, metrics, log_path, RankProgress(self._now(), window)
+                e.rank, proc, metrics, log_path, RankProgress(self._now(), window), memory=memory
             )
         self.run, self._dirty = run, True
         pids = {r: p.proc.pid for r, p in run.ranks.items()}

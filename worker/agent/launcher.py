@@ -61,6 +61,12 @@ class Launcher:
                 env={**self.env, "MESHKEEPER_AGENT_PID": str(os.getpid())},
             )
 
+    def origin(self) -> int:
+        """The process the next trainer starts from, and so the memory cgroup it starts in:
+        the zygote, or the agent itself for a cold start."""
+        z = self.zygote
+        return z.pid if self.warm and z is not None and z.poll() is None else os.getpid()
+
     def launch(
         self, argv: list[str], env: dict[str, str], log_path: Path
     ) -> Child | subprocess.Popen:

@@ -82,7 +82,13 @@ class MemoryWatch:
         except psutil.Error:
             return
         self.peak = max(self.peak, rss, high_water_mark(process.pid) or 0)
-        group, v2 = memory_cgroup(process.pid)
+        self.baseline(process.pid)
+
+    def baseline(self, pid: int) -> None:
+        """Count the OOM kills of `pid`'s memory cgroup from now on. Called with the process
+        a trainer is about to be forked from (it starts in that group), since a forked
+        trainer can allocate, and be killed, before the agent first sees it."""
+        group, v2 = memory_cgroup(pid)
         if group is not None and group != self.group:  # first seen, or moved into another group
             self.group, self.v2 = group, v2
             self.kills_at_start = self._kills()
