@@ -78,7 +78,12 @@ class MemoryWatch:
         # the agent's ticks that the sampled RSS would miss; an OOM kill in a limited group
         # reads the group's own peak instead.
         try:
-            rss = process.memory_info().rss
+            with process.oneshot():
+                # a zombie (dead, not yet reaped) reads as rss 0 and may no longer show its
+                # group: re-baselining on it would hide the OOM kill that just ended it
+                if process.status() == psutil.STATUS_ZOMBIE:
+                    return
+                rss = process.memory_info().rss
         except psutil.Error:
             return
         self.peak = max(self.peak, rss, high_water_mark(process.pid) or 0)
