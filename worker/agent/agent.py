@@ -310,8 +310,7 @@ class Agent:
             ] + (["--snapshot-plan", str(snapshots)] if snapshots else [])
             metrics, log_path = d / f"metrics-{e.rank}.jsonl", d / f"rank{e.rank}.log"
             memory = MemoryWatch()
-            memory.baseline(self.launcher.origin())  # OOM kills count from before the fork
-            proc = self.launcher.launch(argv, env, log_path)
+            proc = self.launcher.launch(argv, env, log_path, before=memory.baseline)
             run.ranks[e.rank] = RankProcess(
                 e.rank, proc, metrics, log_path, RankProgress(self._now(), window), memory=memory
             )

@@ -15,6 +15,7 @@ import select
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from services.procs import Child, become_subreaper, stop_all
@@ -61,21 +62,25 @@ class Launcher:
                 env={**self.env, "MESHKEEPER_AGENT_PID": str(os.getpid())},
             )
 
-    def origin(self) -> int:
-        """The process the next trainer starts from, and so the memory cgroup it starts in:
-        the zygote, or the agent itself for a cold start."""
-        z = self.zygote
-        return z.pid if self.warm and z is not None and z.poll() is None else os.getpid()
-
     def launch(
-        self, argv: list[str], env: dict[str, str], log_path: Path
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        log_path: Path,
+        before: Callable[[int], None] = lambda origin: None,
     ) -> Child | subprocess.Popen:
-        """Start one rank: `argv` for the trainer's main, `env` on top of the agent's."""
+        """Start one rank: `argv` for the trainer's main, `env` on top of the agent's.
+        `before(origin)` runs just before the trainer starts, with the pid of the process it
+        starts from (the zygote, or the agent for a cold start): the memory cgroup it will
+        start in, whose OOM kills must be counted from before it can allocate."""
         if self.warm:
             self.refill()
-            pid = self._fork(argv, env, log_path) if self.zygote is not None else None
-            if pid:
-                return Child(pid)
+            if self.zygote is not None:
+                before(self.zygote.pid)
+                pid = self._fork(argv, env, log_path)
+                if pid:
+                    return Child(pid)
+        before(os.getpid())
         with open(log_path, "ab") as out:  # cold: pays the torch import now
             return subprocess.Popen(
                 [sys.executable, "-m", "worker.agent.zygote", "--cold", *argv],
