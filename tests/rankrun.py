@@ -5,12 +5,11 @@ starts a generation's ranks (docs/architecture.md, "Agent").
 
 It stands in for `torchrun --standalone` in the tests: torchrun's launcher imports torch
 (about 2 s of CPU) before any rank starts, and then every rank imports it again. Here the
-launcher imports MODULE once and forks the ranks from itself, as the agent's zygote does
-(worker/agent/zygote.py): a rank starts with nothing left to import, and a reference run costs
-one import instead of N. What the tests relied on is kept: each rank in a session of its own
-that dies with the launcher; when a rank fails, the others are stopped (SIGTERM, SIGKILL
-after 5 s) and the launcher exits 1; the ranks' output goes straight through (a failing
-rank's traceback lines carry torch's own `[rankN]` prefix).
+launcher imports MODULE once and forks the ranks from itself: a rank starts with nothing left
+to import, and a reference run costs one import instead of N. What the tests relied on is
+kept: each rank in a session of its own that dies with the launcher; when a rank fails, the
+others are stopped (SIGTERM, SIGKILL after 5 s) and the launcher exits 1; the ranks' output
+goes straight through (a failing rank's traceback lines carry torch's own `[rankN]` prefix).
 """
 
 from __future__ import annotations

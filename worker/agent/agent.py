@@ -34,7 +34,6 @@ from services.spec import SpecError
 from services.store import Store, loads
 from worker.agent.heartbeat import Heartbeat
 from worker.agent.launcher import Launcher
-from worker.agent.memory_watch import MemoryWatch
 from worker.agent.metrics_endpoint import AgentMetrics, AgentSnapshot, RankSnapshot
 from worker.agent.metrics_tail import CheckpointCommitted, SnapshotTaken
 from worker.agent.probe import Prober
@@ -59,7 +58,7 @@ class AgentConfig:
     run_dir: Path
     labels: dict[str, str] = field(default_factory=dict)
     devices: int = 1
-    warm: int = 1  # above 0: trainers forked from a zygote (worker/agent/zygote.py); 0: cold
+    warm: int = 1  # pre-forked trainer processes kept ready (0 = cold start)
     heartbeat_s: float = 0.5
     tick_s: float = 0.2
     stop_grace_s: float = 3.0  # SIGTERM -> SIGKILL
@@ -154,12 +153,12 @@ class Agent:
         self.cfg.run_dir.mkdir(parents=True, exist_ok=True)
         self.heartbeat.start()
         log.info(
-            "agent %s up: host %s, address %s, %d device(s), trainers %s",
+            "agent %s up: host %s, address %s, %d device(s), %d warm",
             self.cfg.wid,
             self.cfg.host,
             self.cfg.address,
             self.cfg.devices,
-            "forked from a zygote" if self.launcher.warm else "started cold",
+            self.cfg.warm,
         )
         redis_outage = Outage(
             redis.RedisError,
@@ -309,10 +308,9 @@ class Agent:
                 str(restore_path),
             ] + (["--snapshot-plan", str(snapshots)] if snapshots else [])
             metrics, log_path = d / f"metrics-{e.rank}.jsonl", d / f"rank{e.rank}.log"
-            memory = MemoryWatch()
-            proc = self.launcher.launch(argv, env, log_path, before=memory.baseline)
+            proc = self.launcher.launch(argv, env, log_path)
             run.ranks[e.rank] = RankProcess(
-                e.rank, proc, metrics, log_path, RankProgress(self._now(), window), memory=memory
+                e.rank, proc, metrics, log_path, RankProgress(self._now(), window)
             )
         self.run, self._dirty = run, True
         pids = {r: p.proc.pid for r, p in run.ranks.items()}

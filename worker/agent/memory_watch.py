@@ -78,22 +78,11 @@ class MemoryWatch:
         # the agent's ticks that the sampled RSS would miss; an OOM kill in a limited group
         # reads the group's own peak instead.
         try:
-            with process.oneshot():
-                # a zombie (dead, not yet reaped) reads as rss 0 and may no longer show its
-                # group: re-baselining on it would hide the OOM kill that just ended it
-                if process.status() == psutil.STATUS_ZOMBIE:
-                    return
-                rss = process.memory_info().rss
+            rss = process.memory_info().rss
         except psutil.Error:
             return
         self.peak = max(self.peak, rss, high_water_mark(process.pid) or 0)
-        self.baseline(process.pid)
-
-    def baseline(self, pid: int) -> None:
-        """Count the OOM kills of `pid`'s memory cgroup from now on. Called with the process
-        a trainer is about to be forked from (it starts in that group), since a forked
-        trainer can allocate, and be killed, before the agent first sees it."""
-        group, v2 = memory_cgroup(pid)
+        group, v2 = memory_cgroup(process.pid)
         if group is not None and group != self.group:  # first seen, or moved into another group
             self.group, self.v2 = group, v2
             self.kills_at_start = self._kills()
