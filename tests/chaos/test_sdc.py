@@ -15,6 +15,22 @@ pytestmark = pytest.mark.slow
 CHECK_EVERY = 4  # below the checkpoint interval (5): checks run at 4, 5, 8, 10, 12, 15
 
 
+def blamed_and_replaced(stack, spec: dict, culprit_rank: int):
+    """Run the job to Succeeded through exactly one recovery: a SilentDataCorruption fault on
+    `culprit_rank`, whose worker is quarantined and replaced. (job, recovery, evidence,
+    the culprit's worker)."""
+    w, j = start(stack, spec)
+    culprit = rank(j, culprit_rank).worker
+    j = w.finish()
+    succeeded(stack, j)
+    [rec] = j.recoveries
+    assert (rec.cause, rec.action) == ("SilentDataCorruption", "replace"), rec
+    assert [q.worker for q in rec.quarantined] == [culprit], rec.quarantined
+    [fault] = rec.faults
+    assert (fault.rank, fault.worker) == (culprit_rank, culprit), fault
+    return j, rec, fault.evidence, culprit
+
+
 @pytest.mark.parametrize(
     "parallel, flip",
     [
@@ -36,17 +52,7 @@ def test_bit_flip_is_found_blamed_and_rolled_back_to_the_exact_loss(
     # non-finite, which fails loudly on its own)
     spec["chaos"] = {"bitflip": [{**flip, "bit": 22}]}
     want = uninterrupted(spec)  # the reference run never sees `chaos` (tests/launch.py)
-    w, j = start(stack, spec)
-    culprit = rank(j, flip["rank"]).worker
-    j = w.finish()
-    succeeded(stack, j)
-
-    [rec] = j.recoveries
-    assert (rec.cause, rec.action) == ("SilentDataCorruption", "replace"), rec
-    assert [q.worker for q in rec.quarantined] == [culprit], rec.quarantined
-    [fault] = rec.faults
-    ev = fault.evidence
-    assert (fault.rank, fault.worker) == (flip["rank"], culprit), fault
+    j, rec, ev, culprit = blamed_and_replaced(stack, spec, flip["rank"])
     assert ev["suspects"] == [flip["rank"]], ev
     assert flip["rank"] in ev["ranks"] and len(ev["ranks"]) == 2, ev  # the rank and its replica
     # found at the first check after the flip, rolled back to the check before it
@@ -73,17 +79,7 @@ def test_compute_fault_is_caught_by_a_spot_check_and_blamed_without_a_rollback(
     flip = {"rank": 1, "step": 2 * CHECK_EVERY, "tensor": "compute"}
     spec["chaos"] = {"bitflip": [flip]}
     want = uninterrupted(spec)
-    w, j = start(stack, spec)
-    culprit = rank(j, 1).worker
-    j = w.finish()
-    succeeded(stack, j)
-
-    [rec] = j.recoveries
-    assert (rec.cause, rec.action) == ("SilentDataCorruption", "replace"), rec
-    assert [q.worker for q in rec.quarantined] == [culprit], rec.quarantined
-    [fault] = rec.faults
-    ev = fault.evidence
-    assert (fault.rank, fault.worker) == (1, culprit), fault
+    j, rec, ev, _ = blamed_and_replaced(stack, spec, flip["rank"])
     assert (ev["ranks"], ev["suspects"]) == ([1], [1]), ev
     assert (ev["step"], ev["clean_step"], rec.resumed_step) == (flip["step"],) * 3, (ev, rec)
     assert "spot check" in ev["detail"], ev
