@@ -43,14 +43,15 @@ def local_stack(workers: int, warm: int = 1) -> Iterator[tuple[LocalStack, Clien
 
 
 def warm_ready(stack: LocalStack, expected: int, timeout: float = 120) -> None:
-    """Wait until `expected` warm trainers have imported torch (each says so in its log)."""
+    """Wait until `expected` agents' trainer zygotes have imported torch (each says so in its
+    log, worker/agent/zygote.py)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        logs = (stack.cfg.run_dir / "workers").glob("*/warm-*.log")
-        if sum("warm trainer ready" in p.read_text(errors="replace") for p in logs) >= expected:
+        logs = (stack.cfg.run_dir / "workers").glob("*/zygote.log")
+        if sum("trainer zygote ready" in p.read_text(errors="replace") for p in logs) >= expected:
             return
         time.sleep(0.1)
-    raise SystemExit(f"warm trainers not ready within {timeout}s; see {stack.cfg.run_dir}")
+    raise SystemExit(f"trainer zygotes not ready within {timeout}s; see {stack.cfg.run_dir}")
 
 
 def wait_idle(client: Client, workers: int, timeout: float = 60) -> None:

@@ -121,8 +121,8 @@ def summary(name: str, xs: list[float]) -> str:
 
 # -- meshkeeper arm -----------------------------------------------------------------------
 def warm_pools_ready(run_dir: Path) -> bool:
-    logs = list((run_dir / "workers").glob("*/warm-*.log"))
-    return bool(logs) and all("warm trainer ready" in p.read_text(errors="replace") for p in logs)
+    logs = list((run_dir / "workers").glob("*/zygote.log"))
+    return bool(logs) and all("trainer zygote ready" in p.read_text(errors="replace") for p in logs)
 
 
 def slowest_step(run_dir: Path, jid: str, generation: int, world: int) -> int:

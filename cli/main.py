@@ -189,7 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--workers", type=int, default=workers)
         p.add_argument("--port", type=int, default=8765, help="controller port")
         p.add_argument("--run-dir", type=Path, default=Path(run_dir), help="logs and trainer files")
-        p.add_argument("--warm", type=int, default=1, help="warm trainers per worker")
+        p.add_argument(
+            "--warm",
+            type=int,
+            default=1,
+            help="0: each worker starts its trainers cold; above 0: forks them from a "
+            "trainer zygote that imported torch once",
+        )
 
     p = sub.add_parser("up", help="run redis-server, the controller and N agents locally")
     stack_opts(p, 4, ".meshkeeper/up")

@@ -119,7 +119,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--allow-chaos",
         action="store_true",
-        help="accept specs with a chaos section (fault injection: bit flips in a rank's state) "
+        help="accept specs with a chaos section (fault injection: bit flips in a rank's state, "
+        "a rank's memory limit) "
         'from admin tokens; for test clusters only (docs/security.md, "Fault injection")',
     )
     ap.add_argument(
@@ -186,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.allow_chaos:  # loud, like --insecure-no-auth: it is a test cluster's setting
         logging.getLogger("meshkeeper.admission").warning(
-            "--allow-chaos: admin tokens may submit fault injection (chaos: bit flips)"
+            "--allow-chaos: admin tokens may submit fault injection "
+            "(chaos: bit flips, memory limits)"
         )
     import uvicorn  # after argument errors, which need no server
 

@@ -17,6 +17,7 @@ import time
 import psutil
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def die_with_parent(sig: int = signal.SIGKILL, parent: int = 0) -> None:
@@ -32,8 +33,18 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int = 0) -> None:
         os._exit(1)
 
 
+def become_subreaper() -> bool:
+    """Adopt this process's orphaned descendants (Linux PR_SET_CHILD_SUBREAPER): a process
+    forked by a child of ours and left by it becomes our child, to reap and watch (`Child`).
+    False where the kernel cannot."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 class Child:
-    """A child process known by its pid alone (one this process forked itself, not Popen),
+    """A child process known by its pid alone (one this process adopted or forked itself),
     with the part of `subprocess.Popen` that the callers of `stop_all` use: `pid`, `poll`,
     `wait`, `returncode`, `stdin` (None). Only this object may reap it (never `os.wait()`),
     so its pid cannot be reused while it is not reaped."""

@@ -358,6 +358,16 @@ class BitFlip(Strict):
     )
 
 
+class MemoryLimit(Strict):
+    rank: int = Field(ge=0, description="The rank whose trainer is limited (< dp*pp*tp).")
+    mib: int = Field(
+        ge=1,
+        le=1 << 20,
+        description="The limit in MiB on what the trainer allocates once it starts (its torch "
+        "import, made earlier by its agent's trainer zygote, is charged elsewhere).",
+    )
+
+
 class ChaosSpec(Strict):
     """Fault injection for testing detection; admitted only by a controller started with
     --allow-chaos and only from an admin token (docs/security.md, "Fault injection")."""
@@ -366,6 +376,13 @@ class ChaosSpec(Strict):
         default=[],
         max_length=64,
         description="Flip one bit of one rank's state at a chosen step, once each.",
+    )
+    memory_limit: list[MemoryLimit] = Field(
+        default=[],
+        max_length=64,
+        description="Start a rank in a memory cgroup of its own that its agent creates with "
+        "this limit, so the kernel's OOM killer ends it for real once it allocates more. An "
+        "agent that cannot create one (no writable memory cgroup) refuses the assignment.",
     )
 
 
@@ -575,30 +592,26 @@ def _expert_problems(m: ModelSpec, p: ParallelSpec) -> list[Problem]:
 
 
 def chaos_problems(s: JobSpec) -> list[Problem]:
-    """Every bit flip must land on a rank and a step the job has."""
+    """Every fault must land on a rank and a step the job has."""
     if s.chaos is None:
         return []
     p, steps = s.parallel, s.train.steps
     out: list[Problem] = []
-    if p.auto and s.chaos.bitflip:
-        out.append(
-            Problem(
-                "chaos.bitflip",
-                "bit flips name ranks of a fixed layout, but parallel.auto lets the planner "
-                "choose it; set parallel.dp, pp and tp and remove parallel.auto",
+    for name in ("bitflip", "memory_limit"):
+        if p.auto and getattr(s.chaos, name):
+            out.append(
+                Problem(
+                    f"chaos.{name}",
+                    "faults name ranks of a fixed layout, but parallel.auto lets the planner "
+                    "choose it; set parallel.dp, pp and tp and remove parallel.auto",
+                )
             )
-        )
+    for i, limit in enumerate(s.chaos.memory_limit):
+        out += _rank_problems(f"chaos.memory_limit[{i}].rank", limit.rank, p)
     for i, flip in enumerate(s.chaos.bitflip):
         if flip.tensor == "compute":
             out += _compute_fault_problems(s, i, flip)
-        if flip.rank >= p.world_size:
-            out.append(
-                Problem(
-                    f"chaos.bitflip[{i}].rank",
-                    f"rank {flip.rank} does not exist: dp*pp*tp = {p.dp}*{p.pp}*{p.tp} = "
-                    f"{p.world_size} ranks; choose a rank below {p.world_size}",
-                )
-            )
+        out += _rank_problems(f"chaos.bitflip[{i}].rank", flip.rank, p)
         if flip.step > steps:
             out.append(
                 Problem(
@@ -608,6 +621,18 @@ def chaos_problems(s: JobSpec) -> list[Problem]:
                 )
             )
     return out
+
+
+def _rank_problems(field: str, rank: int, p: ParallelSpec) -> list[Problem]:
+    if rank < p.world_size:
+        return []
+    return [
+        Problem(
+            field,
+            f"rank {rank} does not exist: dp*pp*tp = {p.dp}*{p.pp}*{p.tp} = "
+            f"{p.world_size} ranks; choose a rank below {p.world_size}",
+        )
+    ]
 
 
 def has_replicas(p: ParallelSpec) -> bool:

@@ -110,7 +110,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="ranks this worker can run (default: its visible GPUs, else 1)",
     )
     ap.add_argument(
-        "--warm", type=int, default=None, help="warm trainer processes (default: devices)"
+        "--warm",
+        type=int,
+        default=None,
+        help="0: start every trainer cold; above 0: fork them from a trainer zygote that "
+        "imported torch once (default: devices)",
     )
     ap.add_argument(
         "--run-dir",

@@ -6,9 +6,9 @@
   only in trainers of an agent started with MESHKEEPER_CHAOS_HOOKS=1 (as the test stack's
   agents are, tests/stack.py), makes it spin forever at its next step boundary. That worker is
   replaced, quarantined, and re-admitted only after its health probe passed.
-- A trainer killed by the kernel OOM killer: the warm trainer process about to become rank 0
-  is moved into a memory cgroup whose limit its model cannot fit in; the job fails with
-  OutOfMemory naming the rank and its peak memory, and no spare is spent.
+- A trainer killed by the kernel OOM killer: the spec's `chaos.memory_limit` has rank 1's agent
+  start it in a memory cgroup of its own whose limit its model cannot fit in; the job fails
+  with OutOfMemory naming the rank and its peak memory, and no spare is spent.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from services.procs import descendants
 from tests.chaos.chaos import (
     Watch,
     assert_curve,
@@ -35,31 +34,12 @@ from tests.chaos.chaos import (
     wait_record,
 )
 from tests.stack import tiny_spec, wait_until
+from worker.agent.memory_watch import memory_cgroup
 from worker.progress import counters_path, read_counters
 
 pytestmark = pytest.mark.slow
 
 SPIN_AT = 8
-
-
-def warm_trainers(stack, wid: str) -> list[int]:
-    """The agent's pre-forked trainers whose torch import is done (log line 'ready')."""
-    out = []
-    for pid in descendants(stack.agents[wid].pid):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"worker.agent.warm" in cmd:
-            out.append(pid)
-    # by pid: a restarted agent appends to the same warm-N.log files, whose earlier "ready"
-    # lines belong to its previous warm trainers (moving a trainer that is still importing
-    # torch into the small group gets it OOM-killed before it ever becomes a rank)
-    logs = "".join(
-        p.read_text(errors="replace") for p in (stack.work / "workers" / wid).glob("warm-*.log")
-    )
-    ready = all(f"warm trainer ready (pid {pid})" in logs for pid in out)
-    return out if out and ready else []
 
 
 def proc_state(pid: int) -> str:
@@ -142,33 +122,9 @@ def test_busy_looping_rank_is_blamed_quarantined_and_probed_back(stack, uninterr
 
 
 # -- OOM ------------------------------------------------------------------------------------
-def memory_cgroup(name: str) -> tuple[Path, bool]:
-    """A new memory cgroup under this process's own: v2 where the memory controller is on
-    the unified hierarchy, else v1. Skips only when neither can be created."""
-    lines = Path("/proc/self/cgroup").read_text().splitlines()
-    for line in lines:
-        hid, _, path = line.split(":", 2)
-        control = Path("/sys/fs/cgroup") / path.lstrip("/") / "cgroup.subtree_control"
-        if hid == "0" and control.exists() and "memory" in control.read_text().split():
-            d = control.parent / name
-            d.mkdir()
-            return d, True
-    for line in lines:
-        _, ctrls, path = line.split(":", 2)
-        if "memory" in ctrls.split(","):
-            d = Path("/sys/fs/cgroup/memory") / path.lstrip("/") / name
-            try:
-                d.mkdir()
-            except OSError as e:
-                pytest.skip(f"cannot create a memory cgroup ({e}); the OOM killer cannot be aimed")
-            return d, False
-    pytest.skip("no memory cgroup controller on this host")
-
-
-# For the whole group (every free worker's warm trainer): a rank's model alone is ~70 MiB of
-# fp32 parameters before grads and Adam state. Kept small on purpose: the host is shared, and a
-# rank left outside the group with a big model once pushed the whole machine into global OOM.
-LIMIT = 64 * 2**20
+# A rank's model alone is ~70 MiB of fp32 parameters (half a rank's under zero 3) before
+# gradients, Adam state and the gathered weights: far over the limit.
+LIMIT_MIB = 64
 
 
 def test_oom_killed_trainer_fails_the_job_without_spending_a_spare(stack):
@@ -185,46 +141,27 @@ def test_oom_killed_trainer_fails_the_job_without_spending_a_spare(stack):
         parallel={"dp": 2},
         train={"steps": 20},
         fault_tolerance={"spares": 1, "dead_after_s": 2.0, "hang_after_s": 60},
+        chaos={"memory_limit": [{"rank": 1, "mib": LIMIT_MIB}]},
     )
-    # every free worker's warm trainer goes into the group: whichever become ranks are limited
-    # (placement order is the scheduler's business, not this test's)
-    warm = []
-    for wid in free_pool(stack):
-        warm += wait_until(
-            lambda wid=wid: warm_trainers(stack, wid), 90, f"{wid}'s warm trainer ready"
-        )
-    group, v2 = memory_cgroup(f"mk-oom-{os.getpid()}")
-    try:
-        (group / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(LIMIT))
-        for pid in warm:  # charged from here on: what the rank allocates for its model
-            (group / "cgroup.procs").write_text(str(pid))
-        w = Watch(stack, stack.client.submit(spec).id)
-        j = w.finish(180)
-        kills = (group / ("memory.events" if v2 else "memory.oom_control")).read_text()
-        assert "oom_kill 0" not in kills, f"the OOM killer did not fire in {group}: {kills}"
-        assert j.phase == "Failed", (j.phase, [(c.type, c.reason, c.message) for c in j.conditions])
-        failed = j.condition("Failed")
-        assert failed.reason == "OutOfMemory", failed
-        msg = failed.message
-        victim = next(r for r in j.mesh.ranks if msg.startswith(f"rank {r.rank} "))
-        assert victim.pid in warm, (victim.pid, warm)
-        assert f"worker {victim.worker}" in msg and "OOM killer" in msg, msg
-        assert "peak memory (RSS) " in msg and "unknown" not in msg, msg
-        assert f"memory cgroup limit {LIMIT // 2**20} MiB" in msg and "zero 3" in msg, msg
-        assert (j.restarts, j.generation, j.recoveries) == (0, 1, []), (
-            j.restarts,
-            j.generation,
-            j.recoveries,
-        )
-        assert victim.exit_code == -9, victim
-        assert not {"RecoveryStarted", "ReplacingRank"} & {e.reason for e in events(stack, j.id)}
-        assert j.mesh.spares and not (set(j.mesh.spares) & {r.worker for r in j.mesh.ranks})
-    finally:
-        # warm trainers the job did not use stay warm for later tests: back to our own group
-        for pid in (group / "cgroup.procs").read_text().split():
-            try:
-                (group.parent / "cgroup.procs").write_text(pid)
-            except OSError:
-                pass  # exited meanwhile
-        wait_until(lambda: not (group / "cgroup.procs").read_text().split(), 30, f"{group} empty")
-        group.rmdir()
+    w = Watch(stack, stack.client.submit(spec).id)
+    j = w.finish(180)
+    assert j.phase == "Failed", (j.phase, [(c.type, c.reason, c.message) for c in j.conditions])
+    failed = j.condition("Failed")
+    assert failed.reason == "OutOfMemory", failed
+    msg = failed.message
+    assert msg.startswith("rank 1 "), msg
+    victim = next(r for r in j.mesh.ranks if r.rank == 1)
+    assert f"worker {victim.worker}" in msg and "OOM killer" in msg, msg
+    assert "peak memory (RSS) " in msg and "unknown" not in msg, msg
+    assert f"memory cgroup limit {LIMIT_MIB} MiB" in msg and "zero 3" in msg, msg
+    assert (j.restarts, j.generation, j.recoveries) == (0, 1, []), (
+        j.restarts,
+        j.generation,
+        j.recoveries,
+    )
+    assert victim.exit_code == -9, victim
+    assert not {"RecoveryStarted", "ReplacingRank"} & {e.reason for e in events(stack, j.id)}
+    assert j.mesh.spares and not (set(j.mesh.spares) & {r.worker for r in j.mesh.ranks})
+    # the agent removes the group it made once the rank is gone: nothing left on the host
+    parent, _ = memory_cgroup(stack.agents[victim.worker].pid)
+    wait_until(lambda: not list(parent.glob(f"meshkeeper-*-{j.id}-*")), 30, "the group removed")

@@ -100,6 +100,15 @@ def test_at_most_64_bit_flips():
     assert "at most 64" in problems(flips(*[flip] * 65))["chaos.bitflip"]
 
 
+def test_a_memory_limit_names_a_rank_the_job_has():
+    s = parse_spec({**GOOD, "chaos": {"memory_limit": [{"rank": 3, "mib": 64}]}})
+    assert [(m.rank, m.mib) for m in s.chaos.memory_limit] == [(3, 64)]
+    got = problems({**GOOD, "chaos": {"memory_limit": [{"rank": 4, "mib": 64}]}})
+    assert "choose a rank below 4" in got["chaos.memory_limit[0].rank"], got
+    got = problems({**GOOD, "chaos": {"memory_limit": [{"rank": 0, "mib": 0}]}})
+    assert "chaos.memory_limit[0].mib" in got, got
+
+
 def test_bit_flips_need_a_fixed_layout():
     spec = flips({"rank": 0, "step": 1, "tensor": "grad"}, parallel={"auto": True})
     assert "remove parallel.auto" in problems(spec)["chaos.bitflip"]

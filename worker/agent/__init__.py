@@ -3,7 +3,7 @@ assignment and supervises the trainers of the ranks it runs (docs/architecture.m
 
 - agent.py: the loop (follow the assignment, supervise, publish progress)
 - heartbeat.py: the heartbeat thread and the commit lease it gives
-- launcher.py, warm.py: trainer processes, pre-forked warm ones first
+- launcher.py, zygote.py: trainer processes, forked from a zygote that imported torch once
 - rank_process.py: one rank's trainer process (state and CPU use, collective counters)
 - metrics_tail.py, rank_progress.py: its metrics file read as typed lines, folded into the
   rank's RankReport fields

@@ -34,6 +34,7 @@ from services.spec import SpecError
 from services.store import Store, loads
 from worker.agent.heartbeat import Heartbeat
 from worker.agent.launcher import Launcher
+from worker.agent.memory_watch import MemoryWatch, limited_group
 from worker.agent.metrics_endpoint import AgentMetrics, AgentSnapshot, RankSnapshot
 from worker.agent.metrics_tail import CheckpointCommitted, SnapshotTaken
 from worker.agent.probe import Prober
@@ -41,6 +42,7 @@ from worker.agent.rank_process import RankProcess
 from worker.agent.rank_progress import RankProgress
 from worker.agent.retry import Outage
 from worker.agent.run_dirs import prune_run_dirs
+from worker.agent.zygote import MEMORY_GROUP_ENV
 from worker.ckpt_store import Pointer, remove_checkpoints
 from worker.devices import device_indices
 from worker.snapshots import DEFAULT_ROOT as DEFAULT_SNAPSHOT_ROOT
@@ -58,7 +60,7 @@ class AgentConfig:
     run_dir: Path
     labels: dict[str, str] = field(default_factory=dict)
     devices: int = 1
-    warm: int = 1  # pre-forked trainer processes kept ready (0 = cold start)
+    warm: int = 1  # above 0: trainers forked from a zygote (worker/agent/zygote.py); 0: cold
     heartbeat_s: float = 0.5
     tick_s: float = 0.2
     stop_grace_s: float = 3.0  # SIGTERM -> SIGKILL
@@ -153,12 +155,12 @@ class Agent:
         self.cfg.run_dir.mkdir(parents=True, exist_ok=True)
         self.heartbeat.start()
         log.info(
-            "agent %s up: host %s, address %s, %d device(s), %d warm",
+            "agent %s up: host %s, address %s, %d device(s), trainers %s",
             self.cfg.wid,
             self.cfg.host,
             self.cfg.address,
             self.cfg.devices,
-            self.cfg.warm,
+            "forked from a zygote" if self.launcher.warm else "started cold",
         )
         redis_outage = Outage(
             redis.RedisError,
@@ -284,6 +286,10 @@ class Agent:
             device = device_indices({e.rank: e.local_rank for e in mine}, self.cfg.devices)
         except ValueError as err:
             return self._refuse(job, generation, asg, str(err))
+        try:
+            memory = self._memory_watches(job, generation, spec, [e.rank for e in mine])
+        except OSError as err:
+            return self._refuse(job, generation, asg, str(err))
         for e in mine:
             env = {
                 "RANK": str(e.rank),
@@ -308,9 +314,12 @@ class Agent:
                 str(restore_path),
             ] + (["--snapshot-plan", str(snapshots)] if snapshots else [])
             metrics, log_path = d / f"metrics-{e.rank}.jsonl", d / f"rank{e.rank}.log"
-            proc = self.launcher.launch(argv, env, log_path)
+            watch = memory[e.rank]
+            if watch.pinned:
+                env[MEMORY_GROUP_ENV] = str(watch.group)
+            proc = self.launcher.launch(argv, env, log_path, before=watch.baseline)
             run.ranks[e.rank] = RankProcess(
-                e.rank, proc, metrics, log_path, RankProgress(self._now(), window)
+                e.rank, proc, metrics, log_path, RankProgress(self._now(), window), memory=watch
             )
         self.run, self._dirty = run, True
         pids = {r: p.proc.pid for r, p in run.ranks.items()}
@@ -350,6 +359,26 @@ class Agent:
         path = d / "snapshot.json"
         path.write_text(json.dumps(plan.to_json()))
         return path
+
+    def _memory_watches(
+        self, job: str, generation: int, spec: dict, ranks: list[int]
+    ) -> dict[int, MemoryWatch]:
+        """Each rank's memory watch; a rank the spec's `chaos.memory_limit` names gets a memory
+        cgroup of its own with that limit, made here (OSError, naming the field, if it cannot
+        be: such a rank must not run unlimited)."""
+        limits = {c["rank"]: c["mib"] for c in (spec.get("chaos") or {}).get("memory_limit", [])}
+        out = {r: MemoryWatch() for r in ranks}
+        for r in (r for r in ranks if r in limits):
+            name = f"meshkeeper-{self.cfg.wid}-{job}-g{generation}-r{r}"
+            try:
+                out[r].pin(*limited_group(name, limits[r] * 2**20))
+            except OSError as e:
+                raise OSError(
+                    f"chaos.memory_limit: worker {self.cfg.wid} cannot limit rank {r}'s memory "
+                    f"({e}); run its agent where it may create memory cgroups, or remove the "
+                    "entry"
+                ) from e
+        return out
 
     def _refuse(self, job: str, generation: int, asg: Assignment, why: str) -> None:
         """Fail this worker's ranks without starting trainers, as a trainer refusing its spec
@@ -397,6 +426,8 @@ class Agent:
         )  # bounded: D state ignores SIGKILL
         for p in live:
             p.ended(p.proc.returncode, "stopped")
+        for p in run.ranks.values():
+            p.memory.release()
         for p in (p for p in live if p.proc in stuck):
             self._event(
                 "TrainerUnkillable",

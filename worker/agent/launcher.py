@@ -1,8 +1,9 @@
-"""The agent's trainer launcher: a pool of warm trainer processes, and cold starts.
+"""The agent's trainer launcher: trainers forked from a zygote, or started cold.
 
-Each trainer runs in its own process group (start_new_session), so stopping a rank signals
-everything it started (services.procs.stop_all). A warm process (worker/agent/warm.py) has
-imported torch and the trainer before any assignment; `launch` hands it its rank.
+Each trainer runs in its own process group (its own session), so stopping a rank signals
+everything it started (services.procs.stop_all). The zygote (worker/agent/zygote.py) has
+imported torch and the trainer once; `launch` has it fork the rank, which the agent then
+adopts as its own child (a child subreaper) and watches like any other.
 """
 
 from __future__ import annotations
@@ -10,78 +11,104 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from services.procs import stop_all
+from services.procs import Child, become_subreaper, stop_all
 
 log = logging.getLogger("meshkeeper.agent")
 
+FORK_TIMEOUT_S = 120.0  # a zygote still importing torch on a loaded host answers late
+
 
 class Launcher:
-    """Starts trainers, from a pre-forked warm process when one is ready (else cold)."""
+    """Starts trainers: forked by the zygote when `warm` (and the kernel lets the agent adopt
+    them), else each as a fresh interpreter that imports torch itself."""
 
     def __init__(self, run_dir: Path, warm: int, env: dict[str, str]):
-        self.run_dir, self.warm, self.env = run_dir, warm, env
-        self.idle: list[subprocess.Popen] = []
-        self._spawned = 0
-        self._next_refill = 0.0
+        self.run_dir, self.env = run_dir, env
+        self.warm = warm > 0 and become_subreaper()
+        self.zygote: subprocess.Popen | None = None
+        self._next_start = 0.0
 
-    def _spawn(self) -> subprocess.Popen:
-        self._spawned += 1
-        out = open(self.run_dir / f"warm-{self._spawned}.log", "ab")
-        try:
+    def refill(self) -> None:
+        """Keep a zygote running; one that died is replaced, at most every 5 s."""
+        if not self.warm or (self.zygote is not None and self.zygote.poll() is None):
+            return
+        if self.zygote is not None:
+            log.warning(
+                "trainer zygote %d exited (%s); see %s/zygote.log",
+                self.zygote.pid,
+                self.zygote.returncode,
+                self.run_dir,
+            )
+            self.zygote = None
+            self._next_start = time.monotonic() + 5.0
+        if time.monotonic() >= self._next_start:
+            self.zygote = self._start_zygote()
+
+    def _start_zygote(self) -> subprocess.Popen:
+        with open(self.run_dir / "zygote.log", "ab") as out:
             return subprocess.Popen(
-                [sys.executable, "-m", "worker.agent.warm"],
+                [sys.executable, "-m", "worker.agent.zygote"],
                 stdin=subprocess.PIPE,
-                stdout=out,
-                stderr=subprocess.STDOUT,
+                stdout=subprocess.PIPE,
+                stderr=out,
                 start_new_session=True,
                 env={**self.env, "MESHKEEPER_AGENT_PID": str(os.getpid())},
             )
-        finally:
-            out.close()
 
-    def refill(self) -> None:
-        """Keep `warm` idle processes; a warm process that died is replaced, at most every 5 s."""
-        dead = [p for p in self.idle if p.poll() is not None]
-        for p in dead:
-            log.warning(
-                "warm trainer %d exited (%s) before an assignment; see %s/warm-*.log",
-                p.pid,
-                p.returncode,
-                self.run_dir,
+    def launch(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        log_path: Path,
+        before: Callable[[int], None] = lambda origin: None,
+    ) -> Child | subprocess.Popen:
+        """Start one rank: `argv` for the trainer's main, `env` on top of the agent's.
+        `before(origin)` runs just before the trainer starts, with the pid of the process it
+        starts from (the zygote, or the agent for a cold start): the memory cgroup it will
+        start in, whose OOM kills must be counted from before it can allocate."""
+        if self.warm:
+            self.refill()
+            if self.zygote is not None:
+                before(self.zygote.pid)
+                pid = self._fork(argv, env, log_path)
+                if pid:
+                    return Child(pid)
+        before(os.getpid())
+        with open(log_path, "ab") as out:  # cold: pays the torch import now
+            return subprocess.Popen(
+                [sys.executable, "-m", "worker.agent.zygote", "--cold", *argv],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**self.env, **env, "MESHKEEPER_AGENT_PID": str(os.getpid())},
             )
-            self.idle.remove(p)
-        if len(self.idle) >= self.warm or time.monotonic() < self._next_refill:
-            return
-        if dead:
-            self._next_refill = time.monotonic() + 5.0
-        while len(self.idle) < self.warm:
-            self.idle.append(self._spawn())
 
-    def launch(self, argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    def _fork(self, argv: list[str], env: dict[str, str], log_path: Path) -> int | None:
+        """The forked trainer's pid, or None when the zygote cannot answer (then it is
+        stopped; the next refill starts another)."""
+        z = self.zygote
         order = json.dumps({"argv": argv, "env": env, "log": str(log_path)}) + "\n"
-        while self.idle:
-            proc = self.idle.pop(0)
-            if proc.poll() is None and _send(proc, order):
-                return proc
-        proc = self._spawn()  # cold: pays the torch import now
-        if not _send(proc, order):
-            log.error("a fresh trainer process %d died at once; see %s", proc.pid, self.run_dir)
-        return proc
+        try:
+            z.stdin.write(order.encode())
+            z.stdin.flush()
+            ready, _, _ = select.select([z.stdout], [], [], FORK_TIMEOUT_S)
+            line = z.stdout.readline() if ready else b""
+            return int(json.loads(line)["pid"])
+        except (OSError, ValueError, KeyError) as e:
+            log.error(
+                "trainer zygote %d did not fork (%s); see %s/zygote.log", z.pid, e, self.run_dir
+            )
+            stop_all([z], grace_s=1.0)
+            return None
 
     def close(self) -> None:
-        stop_all(self.idle, grace_s=1.0)
-        self.idle.clear()
-
-
-def _send(proc: subprocess.Popen, order: str) -> bool:
-    try:
-        proc.stdin.write(order.encode())
-        proc.stdin.close()
-        return True
-    except (BrokenPipeError, OSError):
-        return False
+        if self.zygote is not None:
+            stop_all([self.zygote], grace_s=1.0)
+            self.zygote = None

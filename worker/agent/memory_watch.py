@@ -8,10 +8,16 @@ psutil does not read: its kill counter is sampled while the trainer runs (after 
 - cgroup v2: `memory.events.local` (this group only: a kill in a sibling group must not
   count), `memory.max`, `memory.peak`;
 - no memory cgroup: /proc/vmstat `oom_kill`, host-wide, the weakest evidence.
+
+`limited_group` makes a group of the agent's own for one rank (the spec's
+`chaos.memory_limit`): the trainer joins it as it starts (worker/agent/zygote.py), so the
+OOM killer can pick nothing else there, and a kill counted there is that rank's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +71,27 @@ def memory_cgroup(pid: int) -> tuple[Path | None, bool]:
     return None, False
 
 
+def limited_group(name: str, limit: int) -> tuple[Path, bool]:
+    """A new memory cgroup `name` under this process's own, limited to `limit` bytes with no
+    swap beyond it (so the limit ends in an OOM kill, not in swapping), and whether it is v2.
+    OSError where none can be made: no memory controller here, or not ours to write."""
+    parent, v2 = memory_cgroup(os.getpid())
+    if parent is None:
+        raise OSError("this host has no memory cgroup controller")
+    group = parent / name
+    group.mkdir(exist_ok=True)
+    if not (group / FILES[v2][1]).exists():
+        group.rmdir()
+        raise OSError(f"{parent} does not delegate the memory controller to its children")
+    (group / FILES[v2][1]).write_text(str(limit))
+    # v1 wants memory+swap >= memory, v2 swap alone; absent where the kernel has no swap
+    # accounting, and then there is nothing to turn off
+    swap = ("memory.swap.max", "0") if v2 else ("memory.memsw.limit_in_bytes", str(limit))
+    with contextlib.suppress(OSError):
+        (group / swap[0]).write_text(swap[1])
+    return group, v2
+
+
 @dataclass
 class MemoryWatch:
     peak: int = 0  # bytes: the process's high-water mark, and the cgroup's peak after an OOM kill
@@ -72,24 +99,55 @@ class MemoryWatch:
     v2: bool = False
     kills_at_start: int | None = None  # the group's (or host's) OOM kills when first seen
     limit: int | None = None
+    pinned: bool = False  # the group was made for this rank alone: never re-baselined
+
+    def pin(self, group: Path, v2: bool) -> None:
+        """Count the OOM kills of `group` (`limited_group`), which the trainer joins as it
+        starts: a sample taken before that, with the trainer still in the group it was forked
+        in, must not replace it."""
+        self._count_from(group, v2)
+        self.pinned = True
+
+    def release(self) -> None:
+        """Remove a pinned group once its trainer is gone (a group with a process in it, or
+        one already gone, stays as it is)."""
+        if self.pinned and self.group is not None:
+            with contextlib.suppress(OSError):
+                self.group.rmdir()
 
     def sample(self, process: psutil.Process) -> None:
         # psutil has no high-water mark: the kernel's VmHWM catches a spike between two of
         # the agent's ticks that the sampled RSS would miss; an OOM kill in a limited group
         # reads the group's own peak instead.
         try:
-            rss = process.memory_info().rss
+            with process.oneshot():
+                # a zombie (dead, not yet reaped) reads as rss 0 and may no longer show its
+                # group: re-baselining on it would hide the OOM kill that just ended it
+                if process.status() == psutil.STATUS_ZOMBIE:
+                    return
+                rss = process.memory_info().rss
         except psutil.Error:
             return
         self.peak = max(self.peak, rss, high_water_mark(process.pid) or 0)
-        group, v2 = memory_cgroup(process.pid)
+        self.baseline(process.pid)
+
+    def baseline(self, pid: int) -> None:
+        """Count the OOM kills of `pid`'s memory cgroup from now on. Called with the process
+        a trainer is about to be forked from (it starts in that group), since a forked
+        trainer can allocate, and be killed, before the agent first sees it."""
+        if self.pinned:
+            return
+        group, v2 = memory_cgroup(pid)
         if group is not None and group != self.group:  # first seen, or moved into another group
-            self.group, self.v2 = group, v2
-            self.kills_at_start = self._kills()
-            limit = _number(group / FILES[v2][1])  # v1 "no limit" is a huge number, v2 "max"
-            self.limit = limit if limit and limit < 1 << 60 else None
+            self._count_from(group, v2)
         elif self.group is None and self.kills_at_start is None:
             self.kills_at_start = self._kills()
+
+    def _count_from(self, group: Path, v2: bool) -> None:
+        self.group, self.v2 = group, v2
+        self.kills_at_start = self._kills()
+        limit = _number(group / FILES[v2][1])  # v1 "no limit" is a huge number, v2 "max"
+        self.limit = limit if limit and limit < 1 << 60 else None
 
     def _kills(self) -> int | None:
         if self.group is None:
