@@ -84,12 +84,16 @@ def fork(order: dict, agent: int) -> int:
     middle = os.fork()
     if middle == 0:
         os.close(r)
+        # Its own pid, taken before the fork: the trainer's getppid() may already name the
+        # agent when it first runs (the middle child exits at once), and waiting to leave a
+        # parent it has already left would wait forever.
+        middle = os.getpid()
         pid = os.fork()
         if pid == 0:
             os.close(w)
             code = 1
             try:
-                code = int(trainer(order, os.getppid(), agent) or 0)
+                code = int(trainer(order, middle, agent) or 0)
             except SystemExit as e:  # what `sys.exit` in a trainer means in an interpreter
                 code = e.code if isinstance(e.code, int) else int(e.code is not None)
             except BaseException:

@@ -1,0 +1,35 @@
+"""The trainer zygote (worker/agent/zygote.py) forks every trainer it is asked for, and each
+one runs as the agent's own child."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from worker.agent.launcher import Launcher
+
+RANKS = 32
+
+
+def test_every_forked_trainer_runs_even_when_its_middle_child_is_gone_first(tmp_path):
+    """The middle child exits as soon as it has forked; a trainer scheduled after that already
+    has the agent as its parent. Each must still start: about one in eight once waited forever
+    for a re-parenting that had already happened, and its rank never reached the rendezvous."""
+    launcher, kids = Launcher(tmp_path, 1, dict(os.environ)), []
+    try:
+        for r in range(RANKS):  # `--help`: the trainer's main prints its usage and exits 0
+            kids.append(launcher.launch(["--help"], {"RANK": str(r)}, tmp_path / f"rank{r}.log"))
+        deadline = time.monotonic() + 60  # a loaded 2-core host forks 32 in a few seconds
+        while any(k.poll() is None for k in kids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stuck = [r for r, k in enumerate(kids) if k.poll() is None]
+        assert not stuck, f"ranks {stuck} never started"
+        assert [k.returncode for k in kids] == [0] * RANKS
+        for r in range(RANKS):
+            assert f"forked for rank {r}\n" in (tmp_path / f"rank{r}.log").read_text()
+    finally:
+        for k in kids:
+            if k.poll() is None:
+                os.kill(k.pid, 9)
+                k.wait()
+        launcher.close()
