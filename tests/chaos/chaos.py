@@ -22,9 +22,8 @@ import pytest
 
 from controller.scheduler import Scheduler, SchedulerConfig
 from services.api import JobStatus
-from tests.stack import ROOT, Stack, process_groups_alive, tiny_spec, wait_until
+from tests.stack import ROOT, TERMINAL, Stack, process_groups_alive, tiny_spec, wait_until
 
-TERMINAL = ("Succeeded", "Failed", "Cancelled")
 # A checkpoint every 5 steps; 15 steps leave room for a fault after the first commit (5) and
 # a resume that still has steps to train. Scenarios that need a longer job say so.
 STEPS, EVERY = 15, 5

@@ -153,7 +153,6 @@ class Agent:
     # -- the loop -----------------------------------------------------------------------
     def run_forever(self) -> None:
         self.cfg.run_dir.mkdir(parents=True, exist_ok=True)
-        self.heartbeat.start()
         log.info(
             "agent %s up: host %s, address %s, %d device(s), trainers %s",
             self.cfg.wid,
@@ -174,6 +173,7 @@ class Agent:
         try:
             while not self._stop.is_set():
                 redis_outage.call(self._sync)
+                self.heartbeat.start()  # after the first sync, see _connect
                 self._tend()
         finally:
             self._shutdown()
@@ -198,16 +198,30 @@ class Agent:
         if self.heartbeat.superseded.is_set():  # a beat saw the pointer move: act on it now
             self.heartbeat.superseded.clear()
             self._reread_at = 0.0
-        if self._pubsub is None:  # (re)connect: register again and re-read the pointer
-            self._register()
-            ps = self.store.r.pubsub(ignore_subscribe_messages=True)
-            ps.subscribe(self.store.keys.worker_assignment(self.cfg.wid))
-            self._pubsub, self._reread_at = ps, 0.0
-        msg = self._pubsub.get_message(timeout=self.cfg.tick_s)
-        if msg is not None or time.monotonic() >= self._reread_at:
-            self._reread_at = time.monotonic() + REREAD_S
-            self._follow(self.store.worker_assignment(self.cfg.wid))
+        if self._pubsub is None:
+            self._connect()
+        elif (
+            self._pubsub.get_message(timeout=self.cfg.tick_s) or time.monotonic() >= self._reread_at
+        ):
+            self._reread()
         self._publish()
+
+    def _connect(self) -> None:
+        """(Re)connect: subscribe, follow the pointer, then register (a beat). Following
+        comes first because a restarted agent must report the ranks its predecessor ran as
+        failed (`_started_before`) before anything says this worker is back: the controller
+        holds back blame while a worker of the job is silent, and once this one beats again
+        it would restart only the peers that failed because of it (health.collateral_only),
+        never naming this worker."""
+        ps = self.store.r.pubsub(ignore_subscribe_messages=True)
+        ps.subscribe(self.store.keys.worker_assignment(self.cfg.wid))
+        self._pubsub = ps
+        self._reread()
+        self._register()
+
+    def _reread(self) -> None:
+        self._reread_at = time.monotonic() + REREAD_S
+        self._follow(self.store.worker_assignment(self.cfg.wid))
 
     def _register(self) -> None:
         # The registration itself was written at join (worker/__main__.py) by the controller,

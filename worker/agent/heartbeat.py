@@ -59,11 +59,14 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        """Start beating; later calls do nothing."""
+        if self._thread.ident is None:
+            self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=self.interval_s() + 6)
+        if self._thread.ident is not None:
+            self._thread.join(timeout=self.interval_s() + 6)
         self.store.close()
 
     def confirmed(self, job: str, generation: int, within_s: float) -> bool:
