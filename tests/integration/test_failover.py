@@ -12,6 +12,7 @@ import signal
 import time
 
 import httpx
+import psutil
 import pytest
 
 from tests.integration.conftest import process_groups_alive, tiny_spec, wait_phase, wait_until
@@ -118,6 +119,12 @@ def test_redis_restart_mid_job(stack):
     assert stack.controller.proc.alive()
 
 
+def judges_silence(stack, dead_after_s: float) -> bool:
+    """Redis and the lease-holding controller have been up for longer than dead_after_s."""
+    controller_up = time.time() - psutil.Process(stack.controller.proc.pid).create_time()
+    return min(stack.store.uptime_s(), controller_up) > dead_after_s + 1
+
+
 @pytest.mark.slow
 def test_agent_restarted_with_its_id_does_not_rejoin_the_old_world(stack):
     """Its trainers died with it; the restarted agent reports those ranks failed instead of
@@ -126,7 +133,14 @@ def test_agent_restarted_with_its_id_does_not_rejoin_the_old_world(stack):
     (TrainerFailed; before fault tolerance, the job failed here). dead_after_s is far longer
     than the restart takes, so its silence is never judged: the agent's own report is what
     the controller acts on."""
-    spec = tiny_spec("orphan", train={"steps": 100000}, fault_tolerance={"dead_after_s": 30})
+    dead_after = 15
+    spec = tiny_spec(
+        "orphan", train={"steps": 100000}, fault_tolerance={"dead_after_s": dead_after}
+    )
+    # Silence is judged only once Redis and the controller have both been up for dead_after_s
+    # (controller/availability.py); before that, nothing holds back the peers' restart in
+    # place, and a Redis restarted by an earlier test would decide what this one sees.
+    wait_until(lambda: judges_silence(stack, dead_after), 60, "heartbeat silence to be judged")
     jid = stack.client.submit(spec).id
     j = wait_until(lambda: (j := stack.client.job(jid)).step >= 2 and j, 120, "training")
     victim = next(r for r in j.mesh.ranks if r.rank == 1)
