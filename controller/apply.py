@@ -295,9 +295,11 @@ def finish(
     reason: str,
     message: str,
     blame: quarantine.Blame | None = None,
+    tx: Tx | None = None,
 ) -> None:
-    """Terminal state, the final rank view kept on the job, and every worker released."""
-    job, tx = view.job, Tx()
+    """Terminal state, the final rank view kept on the job, and every worker released;
+    written with whatever `tx` holds already."""
+    job, tx = view.job, tx if tx is not None else Tx()
     _absorb(ctx, job, view.ranks, tx)
     # ranks still going are being stopped by this very transaction
     job.final_ranks = [

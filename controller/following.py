@@ -28,12 +28,19 @@ def follow(ctx: Pass, job: Job, availability: RedisAvailability) -> None:
     alive = {w for w, t in seen.items() if ctx.now - t <= dead_after} if judge is not None else None
     view = JobView(job, asg, rank_view(asg, progress, alive))
     if all(r.state == "succeeded" for r in view.ranks):
+        # A generation can train to its end unwatched (its controller killed mid-recovery,
+        # the next one taking the lease later): its recovery is completed in the same write,
+        # so no finished job keeps an open record.
+        tx = Tx()
+        if done := faults.complete(job, view.ranks, ctx.now):
+            apply.note(ctx, view, done, tx)
         apply.finish(
             ctx,
             view,
             "Succeeded",
             "AllRanksSucceeded",
             f"{len(view.ranks)} ranks finished {job.total_steps} steps",
+            tx=tx,
         )
         return
     decision = faults.decide(ctx, view, judge)
