@@ -171,10 +171,11 @@ class Agent:
             back="Redis is back; assignment re-read",
         )
         try:
+            redis_outage.call(self._sync)  # the first sync comes before the first beat: _connect
+            self.heartbeat.start()
             while not self._stop.is_set():
-                redis_outage.call(self._sync)
-                self.heartbeat.start()  # after the first sync, see _connect
                 self._tend()
+                redis_outage.call(self._sync)
         finally:
             self._shutdown()
 

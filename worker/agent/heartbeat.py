@@ -59,13 +59,11 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
     def start(self) -> None:
-        """Start beating; later calls do nothing."""
-        if self._thread.ident is None:
-            self._thread.start()
+        self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread.ident is not None:
+        if self._thread.ident is not None:  # an agent stopped during its first sync never beat
             self._thread.join(timeout=self.interval_s() + 6)
         self.store.close()
 
