@@ -33,6 +33,7 @@ class Launcher:
         self.run_dir, self.env = run_dir, env
         self.warm = warm > 0 and become_subreaper()
         self.zygote: subprocess.Popen | None = None
+        self._zygote_ready = False  # it has said so: its imports are done
         self._next_start = 0.0
 
     def refill(self) -> None:
@@ -49,7 +50,18 @@ class Launcher:
             self.zygote = None
             self._next_start = time.monotonic() + 5.0
         if time.monotonic() >= self._next_start:
-            self.zygote = self._start_zygote()
+            self.zygote, self._zygote_ready = self._start_zygote(), False
+
+    def ready(self, timeout_s: float = 0.0) -> bool:
+        """Whether the zygote has finished its imports, waiting up to `timeout_s` for it. Its
+        first stdout line says so; a launch never waits for it (see `launch`)."""
+        z = self.zygote
+        if z is None:
+            return False
+        if not self._zygote_ready and select.select([z.stdout], [], [], timeout_s)[0]:
+            line = z.stdout.readline()  # b"" once it died; the next refill replaces it
+            self._zygote_ready = line.startswith(b'{"ready"')
+        return self._zygote_ready
 
     def _start_zygote(self) -> subprocess.Popen:
         with open(self.run_dir / "zygote.log", "ab") as out:
@@ -75,7 +87,9 @@ class Launcher:
         start in, whose OOM kills must be counted from before it can allocate."""
         if self.warm:
             self.refill()
-            if self.zygote is not None:
+            # A zygote still importing torch (a fresh host: seconds) would hold the agent's
+            # loop, its beats' interval and its withdrawals; this rank starts cold instead.
+            if self.ready():
                 before(self.zygote.pid)
                 pid = self._fork(argv, env, log_path)
                 if pid:

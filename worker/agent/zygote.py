@@ -1,7 +1,8 @@
 """The trainer zygote: torch and the trainer imported once per agent, every trainer forked.
 
 The agent starts `python -m worker.agent.zygote` when it starts (worker/agent/launcher.py). It
-imports torch and the trainer (~4 s of CPU on a small machine), says so on stderr, then reads
+imports torch and the trainer (~4 s of CPU on a small machine), says so with one line on stdout,
+`{"ready": PID}` (until then the agent starts its trainers cold rather than wait), then reads
 one JSON line per trainer on stdin:
     {"argv": [...], "env": {...}, "log": "/path/rank0.log"}
 and answers each with one line on stdout, `{"pid": N}`: the trainer's pid, a process of the
@@ -124,6 +125,8 @@ def main() -> int:
     import worker.trainer.main  # noqa: F401
 
     print(f"[meshkeeper] trainer zygote ready (pid {os.getpid()})", file=sys.stderr, flush=True)
+    sys.stdout.write(json.dumps({"ready": os.getpid()}) + "\n")
+    sys.stdout.flush()
     while line := sys.stdin.readline():
         if not line.strip():
             continue
