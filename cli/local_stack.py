@@ -51,8 +51,9 @@ from tenacity import (
 from cli.secrets import LocalSecrets
 from services.client import ApiError, Client
 from services.procs import die_with_parent, free_port, stop_all
+from services.redis_url import with_credentials
 from services.secrets import write_secret
-from services.store import Store, acl_file, wait_for_redis, with_credentials
+from services.store import Store, acl_file, wait_for_redis
 
 
 class StackError(RuntimeError):

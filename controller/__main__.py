@@ -210,7 +210,11 @@ def main(argv: list[str] | None = None) -> int:
         ),
         retention=RetentionConfig(args.job_retention, args.worker_retention, args.archive_dir),
     )
-    ctl = Controller(cfg)
+    try:
+        ctl = Controller(cfg)
+    except ValueError as e:  # a Redis URL it cannot use (services/redis_url.py names the part)
+        print(f"controller: --redis-url: {e}", file=sys.stderr)
+        return 2
     uvicorn.run(
         create_app(ctl, auth),
         host=args.host,

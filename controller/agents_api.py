@@ -20,7 +20,8 @@ from starlette.concurrency import run_in_threadpool
 
 from controller.auth import Denied, bearer
 from controller.service import Controller
-from services.store import WORKER_ID_RE, agent_user, with_credentials
+from services.redis_url import with_credentials
+from services.store import WORKER_ID_RE, agent_user
 from services.tokens import new_token
 
 log = logging.getLogger("meshkeeper.agents")

@@ -38,8 +38,8 @@ from controller.jobs import JOB_ID_RE, Job
 from controller.service import Controller
 from controller.status import job_status, job_summary, workers_status
 from services import api
+from services.redis_url import without_credentials
 from services.spec import JobSpec, SpecError, parse_spec
-from services.store import without_credentials
 
 log = logging.getLogger("meshkeeper.api")
 # a valid spec, shown in the OpenAPI document (and a fuzzer's first example)

@@ -132,10 +132,8 @@ class Retention:
             self.store.commit(tx, lease)
             # ACL commands cannot run in a script: right after the keys (a crash between the
             # two leaves a user whose keys are gone, which can touch nothing that exists)
-            self.store.r.execute_command("ACL", "DELUSER", agent_user(wid))
+            self.store.delete_user(agent_user(wid))
             log.info("worker %s: silent over %.0fs; forgotten", wid, self.cfg.worker_retention_s)
-        if forgotten:
-            self.store.save_acl()
         return forgotten
 
 

@@ -25,6 +25,10 @@ from services.store import Fenced, Store
 
 log = logging.getLogger("meshkeeper.controller")
 
+# Under Sentinel: how often the leader copies the master's ACL users to the replicas, for a
+# replica that was away when an agent joined (joins copy them at once: Store.save_acl)
+ACL_SYNC_S = 10.0
+
 
 @dataclass(frozen=True)
 class ControllerConfig:
@@ -56,6 +60,7 @@ class Controller:
         self.metrics = ControllerMetrics(
             Scraped(self.store, self.id, lambda: self.leading, cfg.scheduler.worker_alive_s)
         )
+        self._next_acl_sync = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="reconcile", daemon=True)
         # A failed pass is retried after a jittered exponential wait (0.1 s doubling, at most
@@ -98,6 +103,10 @@ class Controller:
             self.availability.probe(self.store)  # every pass: the gaps between passes count
             self.scheduler.run_once(lease)
             self.retention.run_due(lease)
+            if self.store.sentinel is not None and time.monotonic() >= self._next_acl_sync:
+                self._next_acl_sync = time.monotonic() + ACL_SYNC_S
+                if changed := self.store.sync_acl():
+                    log.info("copied %d ACL user change(s) to the Redis replicas", changed)
         except Fenced:  # not retried: the next pass finds the lease gone
             log.warning("a write was fenced: another controller leads now")
         except redis.RedisError as e:

@@ -21,6 +21,17 @@ local p = redis.call('HMGET', ARGV[4], 'job', 'generation')
 return {tostring(now), p[1] or '', p[2] or '0'}
 """
 
+# KEYS: jobs:seq, job:{jid}, jobs, jobs:open   ARGV: jid, then the record's field/value pairs
+#   -> the job's sequence number (its place in the queue)
+# One script, so a replicated write (services/store.py `_durable`) covers all of it.
+CREATE_JOB = """
+local seq = redis.call('INCR', KEYS[1])
+redis.call('HSET', KEYS[2], 'seq', seq, unpack(ARGV, 2))
+redis.call('ZADD', KEYS[3], seq, ARGV[1])
+redis.call('ZADD', KEYS[4], seq, ARGV[1])
+return seq
+"""
+
 # KEYS: lease, token counter   ARGV: holder id, ttl ms  ->  'holder:token' or false
 LEASE_ACQUIRE = """
 local cur = redis.call('GET', KEYS[1])

@@ -12,18 +12,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.commands.core import Script
 from redis.retry import Retry
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from services import scripts
+from services.redis_url import connect, replica_clients
+
+log = logging.getLogger("meshkeeper.store")
 
 EVENTS_MAXLEN = 1000
 HSET_CHUNK = 500  # Lua's unpack() is bounded; big assignments are written in chunks
@@ -211,6 +215,7 @@ def controller_acl(prefix: str) -> list[str]:
         "+acl|deluser",
         "+acl|getuser",
         "+acl|save",
+        "+acl|list",  # copied to replicas under Sentinel (Store.sync_acl)
         "+client|kill",
     ]
 
@@ -239,6 +244,7 @@ def agent_acl(prefix: str, wid: str) -> list[str]:
         "+multi",
         "+exec",
         "+discard",
+        "+wait",  # a checkpoint commit waits for replicas under Sentinel (Store._durable)
         "+hget",
         "+hgetall",
         "+hmget",
@@ -264,42 +270,37 @@ def agent_acl(prefix: str, wid: str) -> list[str]:
     ]
 
 
-def acl_file(prefix: str, admin_password: str, controller_password: str) -> str:
+def acl_file(
+    prefix: str,
+    admin_password: str,
+    controller_password: str,
+    replication_password: str | None = None,
+) -> str:
     """The users file (redis-server --aclfile) of a fresh Redis: default off, admin and
-    controller. Agent users are added at runtime and kept by ACL SAVE."""
+    controller. Agent users are added at runtime and kept by ACL SAVE. With
+    `replication_password` (a Sentinel deployment, every data node gets the same file), also
+    `replica` (what a replica authenticates to its master as: --masteruser) and `sentinel`
+    (the Sentinels' user on the data nodes: sentinel auth-user), each with only the commands
+    Redis documents for the role."""
     # `default` is off: no connection can authenticate as it. It keeps every permission all
     # the same: with `default` at -@all, redis-server 7.0.15 restarted under `meshkeeper up`
     # refused MULTI/EXEC blocks while replaying its AOF ("NOPERM ACLs rules changed between
     # the moment the transaction was accumulated and the EXEC call"), and a running job
     # vanished; with full permissions no ACL can refuse the replay.
-    return (
-        "\n".join(
-            [
-                "user default off ~* &* +@all",
-                f"user admin on {acl_password(admin_password)} ~* &* +@all",
-                f"user controller on {acl_password(controller_password)} "
-                + " ".join(controller_acl(prefix)),
-            ]
-        )
-        + "\n"
-    )
-
-
-def without_credentials(url: str) -> str:
-    """`url` with any user and password dropped (safe to show or hand out)."""
-    u = urlsplit(url)
-    return urlunsplit((u.scheme, u.netloc.rpartition("@")[2], u.path, u.query, u.fragment))
-
-
-def with_credentials(url: str, user: str, password: str) -> str:
-    """`url` (redis:// or rediss://) with its user and password replaced."""
-    u = urlsplit(url)
-    host = u.hostname or "127.0.0.1"
-    host = f"[{host}]" if ":" in host else host
-    netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}" + (
-        f":{u.port}" if u.port else ""
-    )
-    return urlunsplit((u.scheme, netloc, u.path, u.query, u.fragment))
+    users = [
+        "user default off ~* &* +@all",
+        f"user admin on {acl_password(admin_password)} ~* &* +@all",
+        f"user controller on {acl_password(controller_password)} "
+        + " ".join(controller_acl(prefix)),
+    ]
+    if replication_password:
+        pw = acl_password(replication_password)
+        users += [
+            f"user replica on {pw} +psync +replconf +ping",
+            f"user sentinel on {pw} &* +multi +slaveof +ping +exec +subscribe +config|rewrite "
+            "+role +publish +info +client|setname +client|kill +script|kill",
+        ]
+    return "\n".join(users) + "\n"
 
 
 def loads(value: str | None, default: Any = None) -> Any:
@@ -336,8 +337,7 @@ class Store:
     ):
         self.url = url
         self.keys = Keys(prefix)
-        self.r = redis.Redis.from_url(
-            url,
+        self._options = dict(
             decode_responses=True,
             socket_connect_timeout=connect_timeout,
             socket_timeout=socket_timeout,
@@ -345,6 +345,9 @@ class Store:
             retry_on_error=[redis.ConnectionError, redis.TimeoutError],
             health_check_interval=5,
         )
+        # `sentinel`: a Sentinel-monitored master (services/redis_url.py), None for one server
+        self.r, self.sentinel = connect(url, **self._options)
+        self._create_job = self.r.register_script(scripts.CREATE_JOB)
         self._heartbeat = self.r.register_script(scripts.HEARTBEAT)
         self._fenced = self.r.register_script(scripts.FENCED_EXEC)
         self._lease = self.r.register_script(scripts.LEASE_ACQUIRE)
@@ -409,14 +412,49 @@ class Store:
         pipe.execute()
         return self.save_acl()
 
+    def delete_user(self, user: str) -> None:
+        self.r.execute_command("ACL", "DELUSER", user)
+        self.save_acl()
+
     def save_acl(self) -> bool:
-        """ACL SAVE: whether Redis has an aclfile that now holds its users (False: it has none,
-        and agent users last until it restarts)."""
+        """ACL SAVE, after copying the master's users to every replica the Sentinels know (ACL
+        changes are not replicated, and a promoted replica must know every agent): whether
+        the master has an aclfile that now holds its users (False: it has none, and agent
+        users last until it restarts)."""
+        if self.sentinel is not None:
+            self.sync_acl()
         try:
             self.r.execute_command("ACL", "SAVE")
         except redis.ResponseError:  # "not configured to use an ACL file"
             return False
         return True
+
+    def sync_acl(self) -> int:
+        """Make every replica's ACL users the master's (each replica's aclfile saved too);
+        the number of users changed. The controller also runs it periodically, for a replica
+        that was away (docs/architecture.md, "Redis high availability")."""
+        if self.sentinel is None:
+            return 0
+        want = acl_rules(self.r.execute_command("ACL", "LIST"))
+        changed = 0
+        for replica in replica_clients(self.sentinel, **self._options):
+            try:
+                have = acl_rules(replica.execute_command("ACL", "LIST"))
+                for user, rules in want.items():
+                    if same_rules(have.get(user), rules):
+                        continue
+                    replica.execute_command("ACL", "SETUSER", user, "reset", *rules)
+                    changed += 1
+                for user in have.keys() - want.keys():
+                    replica.execute_command("ACL", "DELUSER", user)
+                    changed += 1
+                if changed:
+                    replica.execute_command("ACL", "SAVE")
+            except redis.RedisError as e:  # a replica away now is brought up to date later
+                log.warning("cannot copy ACL users to a Redis replica (%s); retrying later", e)
+            finally:
+                replica.close()
+        return changed
 
     def deregister_worker(self, wid: str) -> None:
         pipe = self.r.pipeline()
@@ -442,9 +480,10 @@ class Store:
         and only for worker `wid` while its assignment names that job and generation.
         None when refused; else the history entries that fell out of the newest `keep`, which
         no pointer references any more (the only checkpoints anyone may delete)."""
-        dropped = self._checkpoint(
-            keys=[self.keys.job_checkpoint(jid)],
-            args=[
+        dropped = self._durable(
+            self._checkpoint,
+            [self.keys.job_checkpoint(jid)],
+            [
                 generation,
                 step,
                 path,
@@ -512,13 +551,15 @@ class Store:
     # -- jobs -------------------------------------------------------------------------
     def create_job(self, jid: str, record: dict[str, Any]) -> int:
         """A new job at the back of the queue; returns its sequence number."""
-        seq = self.r.incr(self.keys.jobs_seq())
-        pipe = self.r.pipeline()
-        pipe.hset(self.keys.job(jid), mapping=flat({**record, "seq": seq}))
-        pipe.zadd(self.keys.jobs(), {jid: seq})
-        pipe.zadd(self.keys.jobs_open(), {jid: seq})
-        pipe.execute()
-        return seq
+        k = self.keys
+        fields = [x for kv in flat(record).items() for x in kv]
+        return int(
+            self._durable(
+                self._create_job,
+                [k.jobs_seq(), k.job(jid), k.jobs(), k.jobs_open()],
+                [jid, *fields],
+            )
+        )
 
     def request_cancel(self, jid: str) -> None:
         """A desired-state flag; the lease holder enacts it."""
@@ -547,12 +588,16 @@ class Store:
 
     # -- events -----------------------------------------------------------------------
     def add_event(self, jid: str, fields: dict[str, Any]) -> None:
-        self.r.xadd(
+        pipe = self.r.pipeline(transaction=False)
+        pipe.xadd(
             self.keys.job_events(jid),
             flat({"time": self.now(), **fields}),
             maxlen=EVENTS_MAXLEN,
             approximate=True,
         )
+        for result in self._replicated(pipe):
+            if isinstance(result, Exception):
+                raise result
 
     def events(self, jid: str, after: str = "-", limit: int = 100) -> list[dict[str, Any]]:
         start = f"({after}" if after != "-" else "-"
@@ -586,7 +631,7 @@ class Store:
         if not tx.cmds:
             return
         try:
-            self._fenced(keys=[self.keys.lease(), *tx.keys], args=[lease, json.dumps(tx.cmds)])
+            self._durable(self._fenced, [self.keys.lease(), *tx.keys], [lease, json.dumps(tx.cmds)])
         except redis.ResponseError as e:
             msg = str(e)
             if msg.startswith("FENCED"):
@@ -596,6 +641,57 @@ class Store:
                     f"fenced transaction refused, nothing written: {msg[len('REFUSED ') :]}"
                 ) from None
             raise
+
+    def _durable(self, script: Script, keys: list[str], args: list[Any]) -> Any:
+        """Run `script` and answer once it is replicated (`_replicated`)."""
+        if self.sentinel is None or not self.sentinel.wait_replicas:
+            return script(keys=keys, args=args)
+        for attempt in range(2):
+            pipe = self.r.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            (result,) = self._replicated(pipe)
+            if attempt == 0 and isinstance(result, redis.exceptions.NoScriptError):
+                self.r.script_load(script.script)  # a promoted replica has no script cache
+                continue
+            break
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def _replicated(self, pipe: redis.client.Pipeline) -> list[Any]:
+        """Execute the non-transactional `pipe`, its results (errors as values). Under
+        Sentinel it answers only once `wait_replicas` replicas have its writes (WAIT, on the
+        pipeline's own connection: WAIT covers that connection's writes), so a failover cannot
+        drop what was acknowledged. A WAIT that times out is logged, and the writes stand:
+        refusing them would not undo them on the master."""
+        want = self.sentinel.wait_replicas if self.sentinel is not None else 0
+        if want:
+            pipe.execute_command("WAIT", want, self.sentinel.wait_timeout_ms)
+        results = pipe.execute(raise_on_error=False)
+        if want and (isinstance(acked := results.pop(), Exception) or acked < want):
+            log.warning(
+                "a write reached %s of %d Redis replicas within %d ms; a failover now could "
+                "lose it",
+                acked,
+                want,
+                self.sentinel.wait_timeout_ms,
+            )
+        return results
+
+
+def acl_rules(listing: list[str]) -> dict[str, list[str]]:
+    """ACL LIST lines (`user NAME RULE...`) as {name: rules}."""
+    out = {}
+    for line in listing:
+        _, name, *rules = line.split()
+        out[name] = rules
+    return out
+
+
+def same_rules(a: list[str] | None, b: list[str]) -> bool:
+    """Whether two users' ACL LIST rules grant the same: Redis lists single commands in hash
+    order, and `reset` (how a copy is made) adds sanitize-payload, its default."""
+    return a is not None and set(a) - {"sanitize-payload"} == set(b) - {"sanitize-payload"}
 
 
 def wait_for_redis(store: Store, timeout_s: float) -> None:

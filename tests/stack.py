@@ -31,7 +31,8 @@ import redis
 
 from services.client import ApiError, Client
 from services.procs import free_port, signal_group, stop_all
-from services.store import Store, acl_file, wait_for_redis, with_credentials
+from services.redis_url import with_credentials
+from services.store import Store, acl_file, wait_for_redis
 from services.tokens import new_token, write_auth_file
 from worker.progress import CHAOS_ENV
 
@@ -264,6 +265,9 @@ class RedisServer:
     def kill(self) -> None:
         self.proc.kill(signal.SIGKILL)
 
+    def close(self) -> None:
+        stop_all([self.proc.p], 5)
+
 
 def agent_argv(
     controller_url: str, secrets: TestSecrets, wid: str, work: Path, metrics_port: int = 0
@@ -357,17 +361,20 @@ class ApiStack:
 
 
 class Stack:
-    def __init__(self, work: Path):
-        self.work = work
+    def __init__(self, work: Path, workers: int = WORKERS, redis_kind: type = RedisServer):
+        """`workers` agents and Redis as `redis_kind(dir, secrets)` builds it: one server, or
+        a master, its replica and Sentinels (tests/sentinel_redis.py) that every part reaches
+        by a redis+sentinel:// URL."""
+        self.work, self.workers = work, workers
         self.secrets = TestSecrets.create(work / "secrets")
-        self.redis = RedisServer(work / "redis", self.secrets)
+        self.redis = redis_kind(work / "redis", self.secrets)
         self.redis.work.mkdir(parents=True)
         self.redis.start()
         self.store = Store(self.redis.url)
         self.controllers: list[Controller] = []
         self.controller = self.start_controller()
         self.metrics_ports: dict[str, int] = {}  # worker id -> its agent's Prometheus port
-        self.agents = {f"w{i}": self._agent(f"w{i}") for i in range(WORKERS)}
+        self.agents = {f"w{i}": self._agent(f"w{i}") for i in range(workers)}
         self.client = self.controller.client()
 
     def start_controller(self) -> Controller:
@@ -444,7 +451,8 @@ class Stack:
         for j in self.client.jobs(limit=1000):
             if j.phase in ("Pending", "Running", "Recovering"):
                 self.client.cancel(j.id)
-        wait_until(lambda: len(self.idle_workers()) == WORKERS, 90, f"all {WORKERS} workers idle")
+        n = self.workers
+        wait_until(lambda: len(self.idle_workers()) == n, 90, f"all {n} workers idle")
 
     def scrape(self, wid: str) -> str:
         """The agent's /metrics, as Prometheus scrapes it."""
@@ -468,7 +476,7 @@ class Stack:
         self.client.close()
         stop_all([a.p for a in self.agents.values()], 10)
         stop_all([c.proc.p for c in self.controllers], 5)
-        stop_all([self.redis.proc.p], 5)
+        self.redis.close()
         self.store.close()
 
 

@@ -25,8 +25,9 @@ import re
 import sys
 from pathlib import Path
 
+from services.redis_url import with_credentials
 from services.secrets import write_secret
-from services.store import acl_file, with_credentials
+from services.store import acl_file
 from services.tokens import new_token, write_auth_file
 
 # secret -> the variable that may give it

@@ -1,5 +1,5 @@
-"""Chaos: Redis stalls and restarts under a running job (docs/architecture.md, "Failure
-handling"; issue 10).
+"""Chaos: Redis stalls, restarts and fails over (Sentinel) under a running job
+(docs/architecture.md, "Failure handling" and "Redis high availability").
 
 Trainers hold no Redis connection, so they train straight through a Redis fault; what can go
 wrong is the controller's judgement: every agent's heartbeats stop while Redis is away, and a
@@ -46,7 +46,8 @@ from tests.chaos.chaos import (
     succeeded,
     wait_record,
 )
-from tests.stack import wait_until
+from tests.sentinel_redis import SentinelRedis
+from tests.stack import Stack, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -167,3 +168,57 @@ def test_redis_restart_under_meshkeeper_up(up, uninterrupted):
     untouched(up, j)
     assert up.redis_pid() == new and up.proc.poll() is None
     assert_curve(up, j, want, exact=True)
+
+
+# -- 3 ------------------------------------------------------------------------------------
+@pytest.fixture
+def sentinel_stack(tmp_path_factory):
+    """A stack of its own on Redis under Sentinel (a master, a replica, three Sentinels):
+    the controller and both agents reach Redis by a redis+sentinel:// URL."""
+    s = Stack(tmp_path_factory.mktemp("sentinel"), workers=2, redis_kind=SentinelRedis)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def test_sentinel_failover_under_a_running_job(sentinel_stack, uninterrupted):
+    """SIGKILL the master the Sentinels watch, mid-job, after a checkpoint commit. The
+    Sentinels promote the replica; the controller and the agents follow the URL to it (the
+    agents' ACL users are there: the controller copied them); the job finishes untouched and
+    exact. Nothing acknowledged before the kill is lost: the events and the checkpoint
+    pointer read then are all on the new master (writes are acknowledged after WAIT)."""
+    stack = sentinel_stack
+    spec = spec_for("sentinel-failover", spares=0)
+    dead_after = spec["fault_tolerance"]["dead_after_s"]
+    want = uninterrupted(spec)
+    w, j1 = start(stack, spec)
+    m0 = metrics_path(stack, j1, 0)
+    w.until(lambda j: j.last_checkpoint is not None, 120, "a committed checkpoint")
+    pointer = stack.store.checkpoint(j1.id)
+    seen = [e.id for e in events(stack, j1.id)]
+    old = stack.redis.master_port()
+    assert old == stack.redis.node_ports[0], (old, stack.redis.node_ports)
+    stack.redis.proc.kill()
+    wait_until(
+        lambda: stack.redis.master_port() == stack.redis.node_ports[1],
+        30,
+        "the Sentinels to promote the replica",
+    )
+    wait_until(lambda: stack.client.ready(), 30, "the controller to reach the new master")
+    wait_until(
+        lambda: all(x.alive for x in stack.client.workers()), 30, "every agent to beat again"
+    )
+    after = [e.id for e in events(stack, j1.id)]
+    assert after[: len(seen)] == seen, (seen, after)
+    history = [(c["generation"], c["step"]) for c in stack.store.checkpoint_history(j1.id)]
+    assert (int(pointer["generation"]), int(pointer["step"])) in history, (pointer, history)
+    time.sleep(2 * dead_after)  # where a false death would be declared
+    j = w.poll()
+    assert j.phase == "Running", (j.phase, j.conditions, stack.logs())
+    untouched(stack, j)
+    still_training(m0, "after the failover")
+    j = w.finish()
+    succeeded(stack, j)
+    untouched(stack, j)
+    assert_curve(stack, j, want, exact=True)

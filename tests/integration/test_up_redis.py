@@ -15,7 +15,8 @@ import pytest
 import redis
 
 from cli.local_stack import LocalStack, StackConfig, StackError, redis_argv
-from services.store import Store, agent_user, with_credentials
+from services.redis_url import with_credentials
+from services.store import Store, agent_user
 from services.tokens import new_token, read_auth_file
 from tests.stack import wait_until
 

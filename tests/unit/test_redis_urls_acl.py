@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from services.store import agent_acl, with_credentials, without_credentials
+from services.redis_url import RedisURLError, parse_sentinel, with_credentials, without_credentials
+from services.store import agent_acl
 
 
 def test_credentials_are_replaced_and_the_rest_of_the_url_kept():
@@ -33,3 +36,45 @@ def test_an_agent_owns_exactly_its_own_keys():
         "%R~mk:worker:w1:health",
         "&mk:worker:w1:assignment",
     ]
+
+
+SENTINEL_URL = (
+    "redis+sentinel://controller:s3cret@10.0.0.1:26379,[fd00::2]:26380/mk/2"
+    "?sentinel_username=discover&sentinel_password=d1sc&wait_replicas=2"
+)
+
+
+def test_a_sentinel_url_names_its_sentinels_service_db_and_replicas_to_wait_for():
+    t = parse_sentinel(SENTINEL_URL)
+    assert t.sentinels == [("10.0.0.1", 26379), ("fd00::2", 26380)]
+    assert (t.service, t.db, t.username, t.password) == ("mk", 2, "controller", "s3cret")
+    assert (t.sentinel_username, t.sentinel_password) == ("discover", "d1sc")
+    assert (t.wait_replicas, t.wait_timeout_ms) == (2, 1000)
+
+
+def test_a_sentinel_url_keeps_its_sentinels_when_credentials_change_and_hides_secrets():
+    mine = with_credentials(SENTINEL_URL, "agent-w1", "pw")
+    assert mine.startswith("redis+sentinel://agent-w1:pw@10.0.0.1:26379,[fd00::2]:26380/mk/2?")
+    assert parse_sentinel(mine).sentinel_password == "d1sc"  # agents discover the master too
+    shown = without_credentials(SENTINEL_URL)
+    assert "s3cret" not in shown and "d1sc" not in shown
+    assert shown == (
+        "redis+sentinel://10.0.0.1:26379,[fd00::2]:26380/mk/2"
+        "?sentinel_username=discover&wait_replicas=2"
+    )
+
+
+@pytest.mark.parametrize(
+    "url, names",
+    [
+        ("redis+sentinel://s1:26379", "/SERVICE"),
+        ("redis+sentinel://s1:26379/mk/x", "/SERVICE/DB"),
+        ("redis+sentinel://s1/mk", "HOST:PORT"),
+        ("redis+sentinel://s1:26379/mk?wait_replica=1", "wait_replica"),
+        ("redis+sentinel://s1:26379/mk?wait_timeout_ms=0", "wait_timeout_ms"),
+        ("rediss+sentinel://s1:26379/mk", "redis+sentinel://"),
+    ],
+)
+def test_a_bad_sentinel_url_is_refused_naming_the_part_to_fix(url, names):
+    with pytest.raises(RedisURLError, match=re.escape(names)):
+        parse_sentinel(url)
