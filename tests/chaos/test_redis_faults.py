@@ -54,8 +54,11 @@ pytestmark = pytest.mark.slow
 STEPS = 300  # ~0.05-0.15 s each on 2 shared cores: the job outlasts both faults
 
 
-def spec_for(name: str, **ft) -> dict:
-    return mesh_spec(name, parallel={"dp": 2}, steps=STEPS, **ft)
+def spec_for(name: str, steps: int = STEPS, **ft) -> dict:
+    """A dp2 job of `steps`, a checkpoint every 20 steps (not the suite's 5: a pointer to
+    look for is all these tests need, and 60 saves in 300 steps cost the suite seconds)."""
+    spec = mesh_spec(name, parallel={"dp": 2}, steps=steps, **ft)
+    return {**spec, "checkpoint": {**spec["checkpoint"], "every_steps": 20}}
 
 
 def untouched(stack, j) -> None:
@@ -66,12 +69,12 @@ def untouched(stack, j) -> None:
     assert "RecoveryStarted" not in reasons, reasons
 
 
-def still_training(path: Path, what: str) -> None:
+def still_training(path: Path, what: str, steps: int = STEPS) -> None:
     """The precondition that makes the test able to fail: rank 0 had not finished yet."""
     recs = records(path)
     last = max((r["step"] for r in recs if "step" in r and "event" not in r), default=0)
-    assert last < STEPS and not any(r.get("event") == "done" for r in recs), (
-        f"rank 0 already reached step {last} of {STEPS} {what}: the job no longer proves anything; "
+    assert last < steps and not any(r.get("event") == "done" for r in recs), (
+        f"rank 0 already reached step {last} of {steps} {what}: the job no longer proves anything; "
         "raise STEPS"
     )
 
@@ -171,6 +174,9 @@ def test_redis_restart_under_meshkeeper_up(up, uninterrupted):
 
 
 # -- 3 ------------------------------------------------------------------------------------
+SENTINEL_STEPS = 120
+
+
 @pytest.fixture
 def sentinel_stack(tmp_path_factory):
     """A stack of its own on Redis under Sentinel (a master, a replica, three Sentinels):
@@ -189,7 +195,8 @@ def test_sentinel_failover_under_a_running_job(sentinel_stack, uninterrupted):
     exact. Nothing acknowledged before the kill is lost: the events and the checkpoint
     pointer read then are all on the new master (writes are acknowledged after WAIT)."""
     stack = sentinel_stack
-    spec = spec_for("sentinel-failover", spares=0)
+    # shorter than the others: a stack of its own, two ranks on two cores, ~0.1 s a step
+    spec = spec_for("sentinel-failover", SENTINEL_STEPS, spares=0)
     dead_after = spec["fault_tolerance"]["dead_after_s"]
     want = uninterrupted(spec)
     w, j1 = start(stack, spec)
@@ -217,7 +224,7 @@ def test_sentinel_failover_under_a_running_job(sentinel_stack, uninterrupted):
     j = w.poll()
     assert j.phase == "Running", (j.phase, j.conditions, stack.logs())
     untouched(stack, j)
-    still_training(m0, "after the failover")
+    still_training(m0, "after the failover", SENTINEL_STEPS)
     j = w.finish()
     succeeded(stack, j)
     untouched(stack, j)
