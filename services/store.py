@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -347,6 +348,7 @@ class Store:
         )
         # `sentinel`: a Sentinel-monitored master (services/redis_url.py), None for one server
         self.r, self.sentinel = connect(url, **self._options)
+        self._acl_lock = threading.Lock()
         self._create_job = self.r.register_script(scripts.CREATE_JOB)
         self._heartbeat = self.r.register_script(scripts.HEARTBEAT)
         self._fenced = self.r.register_script(scripts.FENCED_EXEC)
@@ -413,7 +415,10 @@ class Store:
         return self.save_acl()
 
     def delete_user(self, user: str) -> None:
+        """ACL DELUSER on the master and on every replica the Sentinels know (a copy never
+        deletes: `sync_acl`)."""
         self.r.execute_command("ACL", "DELUSER", user)
+        self._on_replicas(lambda replica: replica.execute_command("ACL", "DELUSER", user))
         self.save_acl()
 
     def save_acl(self) -> bool:
@@ -421,8 +426,7 @@ class Store:
         changes are not replicated, and a promoted replica must know every agent): whether
         the master has an aclfile that now holds its users (False: it has none, and agent
         users last until it restarts)."""
-        if self.sentinel is not None:
-            self.sync_acl()
+        self.sync_acl()
         try:
             self.r.execute_command("ACL", "SAVE")
         except redis.ResponseError:  # "not configured to use an ACL file"
@@ -430,31 +434,42 @@ class Store:
         return True
 
     def sync_acl(self) -> int:
-        """Make every replica's ACL users the master's (each replica's aclfile saved too);
-        the number of users changed. The controller also runs it periodically, for a replica
+        """Give every replica the master's ACL users (each replica's aclfile saved too); the
+        number of users written. It only adds and updates: two copies racing (two joins at
+        once) could otherwise delete from a replica a user the older snapshot lacked. One
+        copy at a time per process; the controller also runs it periodically, for a replica
         that was away (docs/architecture.md, "Redis high availability")."""
         if self.sentinel is None:
             return 0
-        want = acl_rules(self.r.execute_command("ACL", "LIST"))
-        changed = 0
+        with self._acl_lock:
+            want = acl_rules(self.r.execute_command("ACL", "LIST"))
+
+            def copy(replica: redis.Redis) -> int:
+                have = acl_rules(replica.execute_command("ACL", "LIST"))
+                stale = [u for u, rules in want.items() if not same_rules(have.get(u), rules)]
+                for user in stale:
+                    replica.execute_command("ACL", "SETUSER", user, "reset", *want[user])
+                return len(stale)
+
+            return sum(self._on_replicas(copy))
+
+    def _on_replicas(self, do: Callable[[redis.Redis], Any]) -> list[Any]:
+        """`do(replica)` (how many users it changed) on each replica the Sentinels know (none
+        without Sentinel), then ACL SAVE there if it changed any. A replica that fails is
+        skipped with a warning: the periodic copy brings it up to date later."""
+        if self.sentinel is None:
+            return []
+        done = []
         for replica in replica_clients(self.sentinel, **self._options):
             try:
-                have = acl_rules(replica.execute_command("ACL", "LIST"))
-                for user, rules in want.items():
-                    if same_rules(have.get(user), rules):
-                        continue
-                    replica.execute_command("ACL", "SETUSER", user, "reset", *rules)
-                    changed += 1
-                for user in have.keys() - want.keys():
-                    replica.execute_command("ACL", "DELUSER", user)
-                    changed += 1
-                if changed:
+                done.append(n := do(replica))
+                if n:  # users written or deleted
                     replica.execute_command("ACL", "SAVE")
-            except redis.RedisError as e:  # a replica away now is brought up to date later
-                log.warning("cannot copy ACL users to a Redis replica (%s); retrying later", e)
+            except redis.RedisError as e:
+                log.warning("cannot change ACL users on a Redis replica (%s); retrying later", e)
             finally:
                 replica.close()
-        return changed
+        return done
 
     def deregister_worker(self, wid: str) -> None:
         pipe = self.r.pipeline()

@@ -86,6 +86,9 @@ class SentinelRedis:
             if i:
                 argv += ["--replicaof", "127.0.0.1", str(self.node_ports[0])]
             self.nodes.append(Proc(f"redis-node{i}", argv, self.work))
+        # the replica in sync before the Sentinels start: their first INFO of the master then
+        # lists it (the next comes 10 s later)
+        wait_until(self._in_sync, 30, "the replica to finish its first sync")
         for i, port in enumerate(self.sentinel_ports):
             conf = self.work / f"sentinel{i}.conf"
             conf.write_text(
@@ -101,8 +104,6 @@ class SentinelRedis:
                 )
             )
             self.sentinels.append(Proc(f"sentinel{i}", [exe, str(conf), "--sentinel"], self.work))
-        # ready: the replica in sync, and every Sentinel sees the master, it and its peers
-        wait_until(self._in_sync, 30, "the replica to finish its first sync")
         wait_until(self._watched, 30, "every Sentinel to see the master, its replica and peers")
 
     def _in_sync(self) -> bool:

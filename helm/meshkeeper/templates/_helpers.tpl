@@ -146,5 +146,5 @@ commands, and managing agent users. Must equal services/store.controller_acl (te
 checks): the controller creates one user per joined agent and saves them to the aclfile.
 */}}
 {{- define "meshkeeper.controllerACL" -}}
-{{ printf "~%s* &%s* +@all -@dangerous +info +acl|setuser +acl|deluser +acl|getuser +acl|save +client|kill" .Values.keyPrefix .Values.keyPrefix }}
+{{ printf "~%s* &%s* +@all -@dangerous +info +acl|setuser +acl|deluser +acl|getuser +acl|save +acl|list +client|kill" .Values.keyPrefix .Values.keyPrefix }}
 {{- end }}
