@@ -450,7 +450,11 @@ class Stack:
                 self.agents[wid] = self._agent(wid)
         for j in self.client.jobs(limit=1000):
             if j.phase in ("Pending", "Running", "Recovering"):
-                self.client.cancel(j.id)
+                try:
+                    self.client.cancel(j.id)
+                except ApiError as e:  # 409: it ended between the listing and the cancel
+                    if e.status != 409:
+                        raise
         n = self.workers
         wait_until(lambda: len(self.idle_workers()) == n, 90, f"all {n} workers idle")
 
