@@ -134,6 +134,8 @@ class Retention:
             # two leaves a user whose keys are gone, which can touch nothing that exists)
             self.store.delete_user(agent_user(wid))
             log.info("worker %s: silent over %.0fs; forgotten", wid, self.cfg.worker_retention_s)
+        if forgotten:
+            self.store.save_acl()
         return forgotten
 
 

@@ -416,10 +416,9 @@ class Store:
 
     def delete_user(self, user: str) -> None:
         """ACL DELUSER on the master and on every replica the Sentinels know (a copy never
-        deletes: `sync_acl`)."""
+        deletes: `sync_acl`); the caller saves the master's aclfile once after a batch."""
         self.r.execute_command("ACL", "DELUSER", user)
         self._on_replicas(lambda replica: replica.execute_command("ACL", "DELUSER", user))
-        self.save_acl()
 
     def save_acl(self) -> bool:
         """ACL SAVE, after copying the master's users to every replica the Sentinels know (ACL

@@ -82,6 +82,7 @@ def test_a_rejoin_with_a_new_password_reaches_the_replica(sentinel, store):
 def test_a_forgotten_worker_loses_its_user_on_every_node(sentinel, store):
     store.join_worker("w4", {"host": "h4"}, "pw-4")
     store.delete_user(agent_user("w4"))
+    store.save_acl()
     for port in sentinel.node_ports:
         assert not can_log_in(sentinel, port, agent_user("w4"), "pw-4")
 
