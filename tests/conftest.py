@@ -44,8 +44,8 @@ def stack(shared_stack: Stack) -> Stack:
 @pytest.fixture(scope="session")
 def uninterrupted(tmp_path_factory) -> Callable[[dict], list[dict]]:
     """spec -> rank 0's step records of the same training run as plain local ranks
-    (tests/rankrun.py: no controller, nothing killed), checkpointing as the spec says. Trained once
-    per distinct training spec (tests/launch.py `training_key`) in the session."""
+    (tests/rankrun.py: no controller, nothing killed, nothing saved). Trained once per distinct
+    training spec (tests/launch.py `training_key`) in the session."""
     cache: dict[str, list[dict]] = {}
 
     def run(spec: dict) -> list[dict]:
@@ -53,9 +53,7 @@ def uninterrupted(tmp_path_factory) -> Callable[[dict], list[dict]]:
         if key not in cache:
             d = tmp_path_factory.mktemp("uninterrupted")
             plain = {"name": spec["name"], **{k: spec[k] for k in TRAINING if k in spec}}
-            cache[key] = train(
-                plain, d, extra=["--checkpoint-root", str(d / "checkpoints")], timeout=400
-            )
+            cache[key] = train(plain, d, timeout=400)
             assert [r["step"] for r in cache[key]] == list(range(1, spec["train"]["steps"] + 1))
         return cache[key]
 

@@ -1,15 +1,22 @@
 """Launch the real trainer (its ranks started by tests/rankrun.py, the torchrun environment
-without torchrun's launcher) and read back its per-step metrics."""
+without torchrun's launcher) and read back its per-step metrics.
+
+Runs that are waited for (`run_ranks`, `run_trainer`, `train`) are forked by one rankrun
+server per test process (`RankServer`), which imported the trainer once; a run that a test
+kills as a node failure would (`start_trainer`) is a launcher process of its own."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import yaml
@@ -18,14 +25,14 @@ from services.procs import descendants
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-TRAINING = ("model", "data", "parallel", "train", "checkpoint")  # what decides the numbers
+# What decides the numbers. Not `checkpoint`: saving never changes what is trained, and the
+# tests hold it to that (a job that saved, was killed and resumed matches a run that never saved).
+TRAINING = ("model", "data", "parallel", "train")
 
 
 def training_key(spec: dict) -> str:
-    """Runs with equal keys train the same numbers (checkpoint.keep only decides pruning)."""
-    key = {k: spec.get(k) for k in TRAINING}
-    key["checkpoint"] = {k: v for k, v in (key["checkpoint"] or {}).items() if k != "keep"}
-    return json.dumps(key, sort_keys=True)
+    """Runs with equal keys train the same numbers."""
+    return json.dumps({k: spec.get(k) for k in TRAINING}, sort_keys=True)
 
 
 def write_spec(spec: dict, directory: Path, name: str = "job.yaml") -> Path:
@@ -34,26 +41,87 @@ def write_spec(spec: dict, directory: Path, name: str = "job.yaml") -> Path:
     return path
 
 
-def trainer_command(spec: dict, directory: Path, extra: list[str] = ()) -> list[str]:
-    """dp*pp*tp local rank processes (tests/rankrun.py, torchrun's argument order); rank 0's
-    metrics go to directory/steps.jsonl."""
+class RankServer:
+    """`python -m tests.rankrun --serve -m worker.trainer`, started on first use and stopped
+    with the test process: every waited-for run of the session is forked from it, so the
+    session imports torch and the trainer once instead of once per run."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.log = Path(tempfile.mkdtemp(prefix="rankrun-")) / "server.log"
+
+    def _started(self) -> subprocess.Popen:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.rankrun", "--serve", "-m", "worker.trainer"],
+                cwd=ROOT,
+                env=ENV,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self.log.open("a"),
+                text=True,
+            )
+            atexit.register(self.proc.kill)
+            self._reply("ready", 120)
+        return self.proc
+
+    def _reply(self, key: str, timeout: float) -> int | None:
+        """The server's next answer's `key`; None once `timeout` passed without one."""
+        if not select.select([self.proc.stdout], [], [], timeout)[0]:
+            return None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"the rankrun server exited:\n{self.log.read_text()[-4000:]}")
+        return json.loads(line)[key]
+
+    def run(
+        self, world: int, module: str, args: Sequence[str], timeout: float
+    ) -> subprocess.CompletedProcess:
+        """`world` ranks of `python -m module args`, waited for; a run past `timeout` is
+        killed and raises subprocess.TimeoutExpired, as subprocess.run would."""
+        proc = self._started()
+        out = Path(tempfile.mkdtemp(prefix="rankrun-"))
+        order = {"world": world, "module": module, "args": list(args), "cwd": str(ROOT)}
+        order |= {"out": str(out / "stdout"), "err": str(out / "stderr")}
+        proc.stdin.write(json.dumps(order) + "\n")
+        proc.stdin.flush()
+        launcher = self._reply("pid", 30)
+        code = self._reply("code", timeout)
+        if code is None:  # the launcher's session: its ranks die with it (PDEATHSIG)
+            os.killpg(launcher, signal.SIGKILL)
+            self._reply("code", 30)
+            raise subprocess.TimeoutExpired(module, timeout)
+        return subprocess.CompletedProcess(
+            [module, *args], code, (out / "stdout").read_text(), (out / "stderr").read_text()
+        )
+
+
+_server = RankServer()
+
+
+def run_ranks(
+    world: int, module: str, args: Sequence[str] = (), timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """`world` local ranks of `python -m module args` (tests/rankrun.py), run to the end."""
+    return _server.run(world, module, args, timeout)
+
+
+def trainer_args(spec: dict, directory: Path, extra: Sequence[str] = ()) -> tuple[int, list[str]]:
+    """(world size, the trainer's arguments): rank 0's metrics go to directory/steps.jsonl."""
     directory.mkdir(parents=True, exist_ok=True)
     p = spec.get("parallel", {})
-    nproc = p.get("dp", 1) * p.get("pp", 1) * p.get("tp", 1)
-    return [
-        sys.executable,
-        "-m",
-        "tests.rankrun",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "worker.trainer",
-        "--spec",
-        str(write_spec(spec, directory)),
-        "--metrics-out",
-        str(directory / "steps.jsonl"),
-        "--quiet",
-        *extra,
-    ]
+    world = p.get("dp", 1) * p.get("pp", 1) * p.get("tp", 1)
+    metrics = str(directory / "steps.jsonl")
+    spec_file = str(write_spec(spec, directory))
+    return world, ["--spec", spec_file, "--metrics-out", metrics, "--quiet", *extra]
+
+
+def trainer_command(spec: dict, directory: Path, extra: Sequence[str] = ()) -> list[str]:
+    """The trainer's ranks as a launcher process of their own (tests/rankrun.py, torchrun's
+    argument order)."""
+    world, args = trainer_args(spec, directory, extra)
+    rankrun = [sys.executable, "-m", "tests.rankrun", f"--nproc-per-node={world}"]
+    return [*rankrun, "-m", "worker.trainer", *args]
 
 
 def run_trainer(
@@ -61,14 +129,8 @@ def run_trainer(
 ) -> subprocess.CompletedProcess:
     if fresh:
         (directory / "steps.jsonl").unlink(missing_ok=True)
-    proc = subprocess.run(
-        trainer_command(spec, directory, extra),
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    world, args = trainer_args(spec, directory, extra)
+    proc = run_ranks(world, "worker.trainer", args, timeout)
     if proc.returncode != 0:
         # the launcher names the first rank that failed; its own lines get lost behind the others'
         first = "\n".join(line for line in proc.stderr.splitlines() if line.startswith("[rank0]"))[

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import os
 import runpy
 import signal
@@ -24,7 +25,10 @@ import traceback
 
 from services.procs import Child, die_with_parent, free_port, stop_all
 
-USAGE = "usage: python -m tests.rankrun --nproc-per-node=N -m MODULE [ARGS...]"
+USAGE = (
+    "usage: python -m tests.rankrun --nproc-per-node=N -m MODULE [ARGS...]\n"
+    "       python -m tests.rankrun --serve -m MODULE"
+)
 STOP_GRACE_S = 5.0
 
 
@@ -106,7 +110,53 @@ def run(world: int, module: str, args: list[str]) -> int:
     return 0
 
 
+def launcher(order: dict) -> int:
+    """In a forked launcher of the server: one run, its output in the order's files."""
+    os.setsid()
+    die_with_parent(signal.SIGKILL)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    for fd, path in ((1, order["out"]), (2, order["err"])):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+    os.chdir(order["cwd"])
+    return run(int(order["world"]), order["module"], list(order["args"]))
+
+
+def answer(reply: dict) -> None:
+    sys.stdout.write(json.dumps(reply) + "\n")
+    sys.stdout.flush()
+
+
+def serve(module: str) -> int:
+    die_with_parent(signal.SIGKILL)
+    preload(module)
+    answer({"ready": os.getpid()})
+    while line := sys.stdin.readline():
+        order = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = launcher(order)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        answer({"pid": pid})
+        _, status = os.waitpid(pid, 0)
+        answer({"code": os.waitstatus_to_exitcode(status)})
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--serve"]:
+        if sys.argv[2:3] != ["-m"] or len(sys.argv) != 4:
+            raise SystemExit(USAGE)
+        return serve(sys.argv[3])
     return run(*parse(sys.argv[1:]))
 
 

@@ -31,7 +31,7 @@ from tests.launch import (
     start_trainer,
     step_records,
     train,
-    trainer_command,
+    trainer_args,
     wait_for,
 )
 from worker.ckpt_store import MANIFEST
@@ -179,10 +179,8 @@ def run_ranks(s: dict, run_dir: Path, extra: list[str]) -> list[subprocess.Compl
     """Every rank as its own `python -m worker.trainer` process, as an agent starts them (no
     torchrun, whose own traceback on a failed rank would hide the trainer's): each rank's
     exit code and output."""
-    p = s.get("parallel", {})
-    world = p.get("dp", 1) * p.get("pp", 1) * p.get("tp", 1)
-    cmd = trainer_command(s, run_dir, extra)
-    cmd = [sys.executable, *cmd[cmd.index("-m", 3) :]]  # the trainer's own argv, after torchrun's
+    world, args = trainer_args(s, run_dir, extra)
+    cmd = [sys.executable, "-m", "worker.trainer", *args]
     rdzv = {
         "WORLD_SIZE": str(world),
         "LOCAL_WORLD_SIZE": str(world),

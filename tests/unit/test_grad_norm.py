@@ -2,14 +2,11 @@
 host sync, and the clip it applies."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.launch import ROOT
+from tests.launch import run_ranks
 from worker.trainer.optim import clip_grad_norm
 
 
@@ -48,16 +45,7 @@ def test_gradients_over_the_limit_are_scaled_to_it():
 
 @pytest.fixture(scope="module")
 def distributed_results() -> dict[str, dict]:
-    cmd = [  # tests/rankrun.py: torchrun's environment without its launcher's torch import
-        sys.executable,
-        "-m",
-        "tests.rankrun",
-        "--nproc-per-node=4",
-        "-m",
-        "tests.unit.grad_norm_check",
-    ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    proc = run_ranks(4, "tests.unit.grad_norm_check", timeout=180)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return {r["layout"]: r for r in map(json.loads, proc.stdout.strip().splitlines())}
 

@@ -11,23 +11,17 @@ scenario and print one JSON line each per scenario.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.launch import ROOT
+from tests.launch import run_ranks
 
 SCENARIOS = ("moe-dp2-zero3-clean", "dp2-zero3-fault", "tp2-fault")
 
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, list[dict]]:
-    cmd = [sys.executable, "-m", "tests.rankrun", "--nproc-per-node=2"]
-    cmd += ["-m", "tests.unit.test_spot_check"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    proc = run_ranks(2, "tests.unit.test_spot_check", timeout=120)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out: dict[str, list[dict]] = {}
     for line in proc.stdout.splitlines():
