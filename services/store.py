@@ -15,6 +15,7 @@ import json
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -335,7 +336,10 @@ class Store:
         socket_timeout: float = 2.0,
         connect_timeout: float = 1.0,
         retries: int = 1,
+        replica_recheck_s: float = 10.0,
     ):
+        """`replica_recheck_s`: under Sentinel, how long writes stop waiting for replicas
+        after a WAIT fell short (`_replicated`)."""
         self.url = url
         self.keys = Keys(prefix)
         self._options = dict(
@@ -348,6 +352,8 @@ class Store:
         )
         # `sentinel`: a Sentinel-monitored master (services/redis_url.py), None for one server
         self.r, self.sentinel = connect(url, **self._options)
+        self._replica_recheck_s = replica_recheck_s
+        self._replicas_short_until = 0.0  # time.monotonic(); see `_replicated`
         self._acl_lock = threading.Lock()
         self._create_job = self.r.register_script(scripts.CREATE_JOB)
         self._heartbeat = self.r.register_script(scripts.HEARTBEAT)
@@ -677,19 +683,37 @@ class Store:
         Sentinel it answers only once `wait_replicas` replicas have its writes (WAIT, on the
         pipeline's own connection: WAIT covers that connection's writes), so a failover cannot
         drop what was acknowledged. A WAIT that times out is logged, and the writes stand:
-        refusing them would not undo them on the master."""
+        refusing them would not undo them on the master.
+
+        After a WAIT fell short, writes do not wait for `replica_recheck_s`; the first write
+        after that waits again and so finds out whether the replicas are back. With its
+        replicas stopped or gone, every WAIT runs its whole timeout: a controller pass that
+        writes ten times would take ten timeouts, and an agent's loop would stall on every
+        checkpoint commit and event. What it gives up: the writes of that window are
+        acknowledged with no replica's copy, as a timed-out WAIT's writes already are, and a
+        failover inside it can lose them (docs/architecture.md, "Redis high availability")."""
         want = self.sentinel.wait_replicas if self.sentinel is not None else 0
+        if want and time.monotonic() < self._replicas_short_until:
+            want = 0
         if want:
             pipe.execute_command("WAIT", want, self.sentinel.wait_timeout_ms)
         results = pipe.execute(raise_on_error=False)
-        if want and (isinstance(acked := results.pop(), Exception) or acked < want):
+        if not want:
+            return results
+        acked = results.pop()
+        if isinstance(acked, Exception) or acked < want:
+            self._replicas_short_until = time.monotonic() + self._replica_recheck_s
             log.warning(
                 "a write reached %s of %d Redis replicas within %d ms; a failover now could "
-                "lose it",
+                "lose it. Writes do not wait for replicas for the next %.0f s.",
                 acked,
                 want,
                 self.sentinel.wait_timeout_ms,
+                self._replica_recheck_s,
             )
+        elif self._replicas_short_until:
+            self._replicas_short_until = 0.0
+            log.warning("Redis replicas acknowledge writes again; writes wait for them again")
         return results
 
 
