@@ -1,6 +1,9 @@
 """Integration tests run against the session's shared stack (fixtures in tests/conftest.py,
 the stack itself in tests/stack.py). The names below stay importable from here."""
 
+import pytest
+
+from tests.sentinel_redis import SentinelRedis
 from tests.stack import (  # noqa: F401
     ENV,
     ROOT,
@@ -9,8 +12,22 @@ from tests.stack import (  # noqa: F401
     Proc,
     RedisServer,
     Stack,
+    TestSecrets,
     process_groups_alive,
     tiny_spec,
     wait_phase,
     wait_until,
 )
+
+
+@pytest.fixture(scope="package")
+def sentinel(tmp_path_factory) -> SentinelRedis:
+    """Redis under Sentinel (a master, a replica, three Sentinels), shared by the suite's
+    Sentinel tests: each leaves both nodes up and the master where it was."""
+    work = tmp_path_factory.mktemp("sentinel")
+    s = SentinelRedis(work / "redis", TestSecrets.create(work / "secrets"))
+    s.start()
+    try:
+        yield s
+    finally:
+        s.close()

@@ -38,6 +38,61 @@ def controller_sources(stack, job_id: str) -> dict[str, set[str]]:
     return out
 
 
+def judges_silence(stack, dead_after_s: float) -> bool:
+    """Redis and the lease-holding controller have been up for longer than dead_after_s."""
+    controller_up = time.time() - psutil.Process(stack.controller.proc.pid).create_time()
+    return min(stack.store.uptime_s(), controller_up) > dead_after_s + 1
+
+
+# First in this module: the tests below restart the controller and Redis, and this one
+# waits until both have been up for longer than its dead_after_s.
+@pytest.mark.slow
+def test_agent_restarted_with_its_id_does_not_rejoin_the_old_world(stack):
+    """Its trainers died with it; the restarted agent reports those ranks failed instead of
+    starting new ones into the running world's rendezvous. The controller then recovers the job
+    into a new generation, restarting the same workers: nothing says the worker is at fault
+    (TrainerFailed; before fault tolerance, the job failed here). dead_after_s is far longer
+    than the restart takes, so its silence is never judged: the agent's own report is what
+    the controller acts on."""
+    dead_after = 15
+    spec = tiny_spec(
+        "orphan", train={"steps": 100000}, fault_tolerance={"dead_after_s": dead_after}
+    )
+    # Silence is judged only once Redis and the controller have both been up for dead_after_s
+    # (controller/availability.py); before that, nothing holds back the peers' restart in
+    # place, and a Redis restarted by an earlier test would decide what this one sees.
+    wait_until(lambda: judges_silence(stack, dead_after), 60, "heartbeat silence to be judged")
+    jid = stack.client.submit(spec).id
+    j = wait_until(lambda: (j := stack.client.job(jid)).step >= 2 and j, 120, "training")
+    victim = next(r for r in j.mesh.ranks if r.rank == 1)
+    stack.agents[victim.worker].kill(signal.SIGKILL)
+    wait_until(lambda: not process_groups_alive([victim.pid]), 10, "its trainer to die with it")
+    stack.agents[victim.worker] = stack._agent(victim.worker)
+    j2 = wait_until(
+        lambda: (
+            (j := stack.client.job(jid)).generation >= 2
+            and j.step > 0
+            and all(r.state == "running" for r in j.mesh.ranks)
+            and j
+        ),
+        120,
+        "the job to train again in a new generation",
+    )
+    assert (j2.restarts, j2.generation) == (1, 2), (j2.restarts, j2.generation)
+    rec = j2.recoveries[0]
+    assert (rec.from_generation, rec.cause, rec.action) == (1, "TrainerFailed", "restart"), rec
+    assert victim.worker in {f.worker for f in rec.faults}, rec.faults
+    assert {r.worker for r in j2.mesh.ranks} == {r.worker for r in j.mesh.ranks}
+    started = [
+        e
+        for e in stack.client.events(jid, limit=1000)
+        if e.reason == "TrainerStarted" and e.source == f"agent/{victim.worker}"
+    ]
+    assert [e.generation for e in started].count(1) == 1, started  # only the first agent's
+    stack.client.cancel(jid)
+    wait_phase(stack.client, jid, ("Cancelled",), 30)
+
+
 @pytest.mark.slow
 def test_controller_killed_mid_job_training_goes_on(stack):
     """The job cannot end by itself (100000 steps), so the new controller must find it
@@ -117,56 +172,3 @@ def test_redis_restart_mid_job(stack):
     assert done.phase == "Succeeded" and done.step == 60
     assert done.generation == 1  # nothing restarted: the trainers never noticed
     assert stack.controller.proc.alive()
-
-
-def judges_silence(stack, dead_after_s: float) -> bool:
-    """Redis and the lease-holding controller have been up for longer than dead_after_s."""
-    controller_up = time.time() - psutil.Process(stack.controller.proc.pid).create_time()
-    return min(stack.store.uptime_s(), controller_up) > dead_after_s + 1
-
-
-@pytest.mark.slow
-def test_agent_restarted_with_its_id_does_not_rejoin_the_old_world(stack):
-    """Its trainers died with it; the restarted agent reports those ranks failed instead of
-    starting new ones into the running world's rendezvous. The controller then recovers the job
-    into a new generation, restarting the same workers: nothing says the worker is at fault
-    (TrainerFailed; before fault tolerance, the job failed here). dead_after_s is far longer
-    than the restart takes, so its silence is never judged: the agent's own report is what
-    the controller acts on."""
-    dead_after = 15
-    spec = tiny_spec(
-        "orphan", train={"steps": 100000}, fault_tolerance={"dead_after_s": dead_after}
-    )
-    # Silence is judged only once Redis and the controller have both been up for dead_after_s
-    # (controller/availability.py); before that, nothing holds back the peers' restart in
-    # place, and a Redis restarted by an earlier test would decide what this one sees.
-    wait_until(lambda: judges_silence(stack, dead_after), 60, "heartbeat silence to be judged")
-    jid = stack.client.submit(spec).id
-    j = wait_until(lambda: (j := stack.client.job(jid)).step >= 2 and j, 120, "training")
-    victim = next(r for r in j.mesh.ranks if r.rank == 1)
-    stack.agents[victim.worker].kill(signal.SIGKILL)
-    wait_until(lambda: not process_groups_alive([victim.pid]), 10, "its trainer to die with it")
-    stack.agents[victim.worker] = stack._agent(victim.worker)
-    j2 = wait_until(
-        lambda: (
-            (j := stack.client.job(jid)).generation >= 2
-            and j.step > 0
-            and all(r.state == "running" for r in j.mesh.ranks)
-            and j
-        ),
-        120,
-        "the job to train again in a new generation",
-    )
-    assert (j2.restarts, j2.generation) == (1, 2), (j2.restarts, j2.generation)
-    rec = j2.recoveries[0]
-    assert (rec.from_generation, rec.cause, rec.action) == (1, "TrainerFailed", "restart"), rec
-    assert victim.worker in {f.worker for f in rec.faults}, rec.faults
-    assert {r.worker for r in j2.mesh.ranks} == {r.worker for r in j.mesh.ranks}
-    started = [
-        e
-        for e in stack.client.events(jid, limit=1000)
-        if e.reason == "TrainerStarted" and e.source == f"agent/{victim.worker}"
-    ]
-    assert [e.generation for e in started].count(1) == 1, started  # only the first agent's
-    stack.client.cancel(jid)
-    wait_phase(stack.client, jid, ("Cancelled",), 30)

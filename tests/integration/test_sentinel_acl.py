@@ -11,19 +11,6 @@ from redis.retry import Retry
 
 from services.redis_url import with_credentials
 from services.store import Store, agent_user
-from tests.sentinel_redis import SentinelRedis
-from tests.stack import TestSecrets
-
-
-@pytest.fixture(scope="module")
-def sentinel(tmp_path_factory):
-    work = tmp_path_factory.mktemp("sentinel-acl")
-    s = SentinelRedis(work / "redis", TestSecrets.create(work / "secrets"))
-    s.start()
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 @pytest.fixture

@@ -8,24 +8,12 @@ from __future__ import annotations
 import signal
 import time
 
-import pytest
 import redis
 
 from services.store import Store
-from tests.sentinel_redis import SentinelRedis
-from tests.stack import TestSecrets, wait_until
+from tests.stack import wait_until
 
 RECHECK_S = 3.0
-
-
-@pytest.fixture
-def sentinel(tmp_path):
-    s = SentinelRedis(tmp_path / "redis", TestSecrets.create(tmp_path / "secrets"))
-    s.start()
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def events_on(sentinel, port: int, key: str) -> list[str]:
