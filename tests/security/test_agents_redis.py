@@ -210,8 +210,10 @@ def test_a_forged_worker_is_never_given_a_rank(api, admin, tmp_path):
             raw(api.redis.anonymous_url).hset(admin.keys.worker("forged"), mapping=forged)
         del forged["joined_at"]
         admin.r.hset(admin.keys.worker("forged"), mapping=forged)  # a registration no join wrote
-        deadline = time.monotonic() + 8
-        while time.monotonic() < deadline:  # many scheduler passes while 'forged' beats
+        # a dozen scheduler passes (0.25 s each) while 'forged' beats: a pool that took it
+        # would place the job in the first
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
             as_wz.zadd(admin.keys.workers_seen(), {"forged": admin.now()})
             assert client.job(jid).phase == "Pending", client.job(jid).mesh
             time.sleep(0.25)
