@@ -12,7 +12,10 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
+import traceback
+from collections.abc import Callable
 
 import psutil
 
@@ -31,6 +34,26 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int = 0) -> None:
         return  # not Linux: process-group stops still apply
     if parent and os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
+
+
+def fork_call(fn: Callable[[], int | None]) -> int:
+    """Fork; the child runs `fn` and exits with what an interpreter running it would: its
+    return value (None: 0), a `sys.exit` code, or 1 after printing any other exception's
+    traceback. The child never returns; the parent gets its pid."""
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        code = int(fn() or 0)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def become_subreaper() -> bool:

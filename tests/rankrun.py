@@ -23,7 +23,7 @@ import signal
 import sys
 import traceback
 
-from services.procs import Child, die_with_parent, free_port, stop_all
+from services.procs import Child, die_with_parent, fork_call, free_port, stop_all
 
 USAGE = (
     "usage: python -m tests.rankrun --nproc-per-node=N -m MODULE [ARGS...]\n"
@@ -70,16 +70,7 @@ def rank_main(module: str, args: list[str], env: dict[str, str]) -> int:
 
 
 def fork_rank(module: str, args: list[str], env: dict[str, str]) -> Child:
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            code = rank_main(module, args, env)
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    return Child(pid)
+    return Child(fork_call(lambda: rank_main(module, args, env)))
 
 
 def run(world: int, module: str, args: list[str]) -> int:
@@ -135,17 +126,7 @@ def serve(module: str) -> int:
     answer({"ready": os.getpid()})
     while line := sys.stdin.readline():
         order = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                code = launcher(order)
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
+        pid = fork_call(lambda order=order: launcher(order))
         answer({"pid": pid})
         _, status = os.waitpid(pid, 0)
         answer({"code": os.waitstatus_to_exitcode(status)})

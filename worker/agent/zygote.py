@@ -36,10 +36,9 @@ import os
 import signal
 import sys
 import time
-import traceback
 from pathlib import Path
 
-from services.procs import die_with_parent
+from services.procs import die_with_parent, fork_call
 
 # Set by the agent for a rank it limits (spec `chaos.memory_limit`): the memory cgroup the
 # trainer joins before it allocates anything of its own (worker/agent/memory_watch.py).
@@ -89,21 +88,12 @@ def fork(order: dict, agent: int) -> int:
         # agent when it first runs (the middle child exits at once), and waiting to leave a
         # parent it has already left would wait forever.
         middle = os.getpid()
-        pid = os.fork()
-        if pid == 0:
+
+        def run() -> int | None:
             os.close(w)
-            code = 1
-            try:
-                code = int(trainer(order, middle, agent) or 0)
-            except SystemExit as e:  # what `sys.exit` in a trainer means in an interpreter
-                code = e.code if isinstance(e.code, int) else int(e.code is not None)
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        os.write(w, str(pid).encode())
+            return trainer(order, middle, agent)
+
+        os.write(w, str(fork_call(run)).encode())
         os._exit(0)
     os.close(w)
     with os.fdopen(r) as f:
