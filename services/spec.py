@@ -384,6 +384,15 @@ class ChaosSpec(Strict):
         "this limit, so the kernel's OOM killer ends it for real once it allocates more. An "
         "agent that cannot create one (no writable memory cgroup) refuses the assignment.",
     )
+    min_step_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=60,
+        description="Every step of every rank lasts at least this long: the trainer sleeps "
+        "out the rest after the step, outside its timing. A job that must still be training "
+        "when injected faults end then lasts as long on a fast machine as on a slow one, "
+        "without training more steps.",
+    )
 
 
 class JobSpec(Strict):

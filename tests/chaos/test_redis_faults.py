@@ -9,9 +9,11 @@ controller sees it (controller/availability.py); these tests hold it to that wit
 processes: each job ends Succeeded in generation 1, no restart counted, no recovery recorded,
 and its loss curve bit for bit equal to an uninterrupted standalone run of the same spec.
 
-The jobs run 300 tiny steps (not the chaos suite's 25): the trainers do not pause while Redis
-is stopped, and the job has to still be training after the last fault, in the window where a
-false death would be declared (each test checks that it was).
+The jobs run 130 tiny steps paced to at least 0.2 s each (`chaos.min_step_s`; the reference
+run is not paced, and pacing changes no number): the trainers do not pause while Redis is
+away, and the job has to still be training after the last fault, in the window where a false
+death would be declared (each test checks that it was). Steps alone did not hold that: 120
+unpaced steps were over before the failover's window ended on a fast machine.
 
 What the stall test can and cannot catch, measured: on one host a SIGSTOPped redis-server
 still gets every beat sent during the stall (the kernel accepts the connections and queues the
@@ -51,13 +53,17 @@ from tests.stack import Stack, wait_until
 
 pytestmark = pytest.mark.slow
 
-STEPS = 300  # ~0.05-0.15 s each on 2 shared cores: the job outlasts both faults
+STEPS = 130
+# 26 s or more a job. Measured on a fast machine, rank 0 was at step 87 (stall), 65 (restart)
+# and 60 (failover) when the last false-death window ended.
+MIN_STEP_S = 0.2
 
 
-def spec_for(name: str, steps: int = STEPS, **ft) -> dict:
-    """A dp2 job of `steps`, a checkpoint every 20 steps (not the suite's 5: a pointer to
-    look for is all these tests need, and 60 saves in 300 steps cost the suite seconds)."""
-    spec = mesh_spec(name, parallel={"dp": 2}, steps=steps, **ft)
+def spec_for(name: str, **ft) -> dict:
+    """A dp2 job of STEPS paced steps, a checkpoint every 20 steps (not the suite's 5: a
+    pointer to look for is all these tests need). The three tests share one reference run."""
+    spec = mesh_spec(name, parallel={"dp": 2}, steps=STEPS, **ft)
+    spec["chaos"] = {"min_step_s": MIN_STEP_S}
     return {**spec, "checkpoint": {**spec["checkpoint"], "every_steps": 20}}
 
 
@@ -69,13 +75,13 @@ def untouched(stack, j) -> None:
     assert "RecoveryStarted" not in reasons, reasons
 
 
-def still_training(path: Path, what: str, steps: int = STEPS) -> None:
+def still_training(path: Path, what: str) -> None:
     """The precondition that makes the test able to fail: rank 0 had not finished yet."""
     recs = records(path)
     last = max((r["step"] for r in recs if "step" in r and "event" not in r), default=0)
-    assert last < steps and not any(r.get("event") == "done" for r in recs), (
-        f"rank 0 already reached step {last} of {steps} {what}: the job no longer proves anything; "
-        "raise STEPS"
+    assert last < STEPS and not any(r.get("event") == "done" for r in recs), (
+        f"rank 0 already reached step {last} of {STEPS} {what}: the job no longer proves "
+        "anything; raise STEPS or MIN_STEP_S"
     )
 
 
@@ -174,9 +180,6 @@ def test_redis_restart_under_meshkeeper_up(up, uninterrupted):
 
 
 # -- 3 ------------------------------------------------------------------------------------
-SENTINEL_STEPS = 120
-
-
 @pytest.fixture
 def sentinel_stack(tmp_path_factory):
     """A stack of its own on Redis under Sentinel (a master, a replica, three Sentinels):
@@ -195,8 +198,7 @@ def test_sentinel_failover_under_a_running_job(sentinel_stack, uninterrupted):
     exact. Nothing acknowledged before the kill is lost: the events and the checkpoint
     pointer read then are all on the new master (writes are acknowledged after WAIT)."""
     stack = sentinel_stack
-    # shorter than the others: a stack of its own, two ranks on two cores, ~0.1 s a step
-    spec = spec_for("sentinel-failover", SENTINEL_STEPS, spares=0)
+    spec = spec_for("sentinel-failover", spares=0)
     dead_after = spec["fault_tolerance"]["dead_after_s"]
     want = uninterrupted(spec)
     w, j1 = start(stack, spec)
@@ -224,7 +226,7 @@ def test_sentinel_failover_under_a_running_job(sentinel_stack, uninterrupted):
     j = w.poll()
     assert j.phase == "Running", (j.phase, j.conditions, stack.logs())
     untouched(stack, j)
-    still_training(m0, "after the failover", SENTINEL_STEPS)
+    still_training(m0, "after the failover")
     j = w.finish()
     succeeded(stack, j)
     untouched(stack, j)

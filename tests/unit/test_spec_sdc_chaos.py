@@ -132,3 +132,14 @@ def test_bad_sdc_settings_name_their_field(sdc, field, fix):
 
 def test_a_mistyped_key_is_never_pointed_at_the_chaos_hook():
     assert "chaos" not in problems({**GOOD, "snapshots": {}})["snapshots"]
+
+
+@pytest.mark.parametrize("bad", [0, -0.5, 61])
+def test_a_step_floor_out_of_range_is_named(bad):
+    got = problems({**GOOD, "chaos": {"min_step_s": bad}})
+    assert list(got) == ["chaos.min_step_s"], got
+
+
+def test_a_step_floor_alone_is_a_valid_chaos_section():
+    s = parse_spec({**GOOD, "chaos": {"min_step_s": 0.2}})
+    assert (s.chaos.min_step_s, s.chaos.bitflip, s.chaos.memory_limit) == (0.2, [], [])

@@ -9,10 +9,14 @@ that parameter's gradient (after the reduction, just before the optimizer step: 
 but this one applies the right update), or of its optimizer's first moment. A `compute` flip
 is no state at all: the spot check (worker/trainer/spot_check.py) asks `compute_fault` and
 flips one activation of its first pass, as a transient fault in the device's arithmetic would.
+
+`chaos.min_step_s` is no fault: it paces the steps (`StepFloor`), so a job lasts past the
+faults injected around it whatever the machine's speed.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -85,3 +89,17 @@ class BitFlips:
         with torch.no_grad():
             flip_bit(_local(t), f.bit)
         self.flipped(f.step, f.bit, name)
+
+
+class StepFloor:
+    """Sleeps out the rest of `min_s` after each step, counted from the previous call (or
+    the start), so the sleep is outside the step's own timing and its records."""
+
+    def __init__(self, min_s: float):
+        self.min_s, self.last = min_s, time.monotonic()
+
+    def wait(self) -> None:
+        rest = self.min_s - (time.monotonic() - self.last)
+        if rest > 0:
+            time.sleep(rest)
+        self.last = time.monotonic()

@@ -29,7 +29,7 @@ from worker.ckpt_store import CheckpointStore, read_history
 from worker.progress import Collectives, counters_path
 from worker.snapshots import SnapshotPlan
 from worker.trainer.anomaly import AnomalyWatch
-from worker.trainer.chaos import BitFlips
+from worker.trainer.chaos import BitFlips, StepFloor
 from worker.trainer.checkpoint import Checkpointer, restored_line
 from worker.trainer.data import DataError
 from worker.trainer.distributed import init_distributed, shutdown_distributed
@@ -259,6 +259,8 @@ def run(args: argparse.Namespace) -> int:
             if spec.chaos and spec.chaos.bitflip
             else None
         )
+        paced = spec.chaos is not None and spec.chaos.min_step_s is not None
+        pace = StepFloor(spec.chaos.min_step_s) if paced else None
         spot = SpotCheck(spec, trainer, flips) if SpotCheck.applies(spec) else None
         if spec.sdc.enabled:
             say(f"[meshkeeper] sdc: {sdc_line(spec, checks, spot is not None)}", flush=True)
@@ -327,6 +329,8 @@ def run(args: argparse.Namespace) -> int:
                     ckpt.poll()
                     if save:
                         ckpt.save(r.step)
+                if pace:
+                    pace.wait()
         except SilentCorruption as e:
             return corrupted(e, ckpt, snaps, metrics)
         if ckpt:
