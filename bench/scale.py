@@ -16,8 +16,8 @@ jobs submitted and cancelled, and Redis's memory per finished job (retention bou
     python bench/scale.py [--ranks 16384] [--hz 2] [--procs 4] [--jobs 16] [--json]
 
 Summary lines (stable): `sustained / asked heartbeats: X.XXx`, `detection p99: X.XX s
-(dead_after_s D)`, `GET job p99: X.X ms`, `controller CPU: X.XX cores`; with --json, the last
-line is a JSON object with those numbers.
+(dead_after_s D)`, `GET job p99: X.X ms`, `controller CPU: X.XX cores`, `reconcile pass: X.X ms
+CPU, Y.Y ms wall (mean of N)`; with --json, the last line is a JSON object with those numbers.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psutil  # noqa: E402
 import redis  # noqa: E402
 import redis.asyncio as aredis  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from bench.control_plane import TINY, local_stack, percentile  # noqa: E402
 from services import scripts  # noqa: E402
@@ -244,6 +245,8 @@ def main() -> None:
                 300,
             )
             ctl = psutil.Process(stack.procs["controller"].pid)
+            print(f"measuring for {args.seconds:.0f} s and {args.requests} GETs ...", flush=True)
+            passes0 = pass_totals(client)
             cpu0, b0, t0 = sum(ctl.cpu_times()[:2]), beats.value, time.monotonic()
             lat = []
             while time.monotonic() - t0 < args.seconds or len(lat) < args.requests:
@@ -253,6 +256,10 @@ def main() -> None:
             wall = time.monotonic() - t0
             sustained = (beats.value - b0) / wall
             cpu = (sum(ctl.cpu_times()[:2]) - cpu0) / wall
+            n_pass, pass_s, pass_cpu = (
+                b - a for a, b in zip(passes0, pass_totals(client), strict=True)
+            )
+            print(f"stopping {args.kill} simulated workers, timing their detection ...", flush=True)
             detection = detect(stack, client, jobs, dead, args.kill)
             mem = finished_memory(stack, client, args.finished_jobs)
         finally:
@@ -267,6 +274,9 @@ def main() -> None:
         "dead_after_s": DEAD_AFTER_S,
         "rest_p99_ms": round(percentile(lat, 99) * 1e3, 2),
         "controller_cpu_cores": round(cpu, 3),
+        "passes": int(n_pass),
+        "pass_ms": round(pass_s / n_pass * 1e3, 2),
+        "pass_cpu_ms": round(pass_cpu / n_pass * 1e3, 2),
         **mem,
     }
     print(f"sustained / asked heartbeats: {sustained / asked:.2f}x ({sustained:,.0f}/{asked:,.0f})")
@@ -274,11 +284,30 @@ def main() -> None:
     print(f"GET job p99: {out['rest_p99_ms']:.1f} ms")
     print(f"controller CPU: {cpu:.2f} cores")
     print(
+        f"reconcile pass: {out['pass_cpu_ms']:.1f} ms CPU, {out['pass_ms']:.1f} ms wall "
+        f"(mean of {out['passes']})"
+    )
+    print(
         f"redis memory: {mem['redis_bytes_after_finished'] / 2**20:.1f} MiB after "
         f"{args.finished_jobs} finished jobs ({mem['redis_bytes_per_finished_job']:,} B each)"
     )
     if args.json:
         print(json.dumps(out))
+
+
+def pass_totals(client) -> tuple[float, float, float]:
+    """The controller's reconcile passes so far: (count, wall seconds, CPU seconds)."""
+    text = client.http.get("/metrics").raise_for_status().text
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+
+    def total(name: str, suffix: str) -> float:
+        return next(s.value for s in fams[name].samples if s.name == name + suffix)
+
+    wall, cpu = (
+        "meshkeeper_scheduler_pass_duration_seconds",
+        "meshkeeper_scheduler_pass_cpu_seconds",
+    )
+    return total(wall, "_count"), total(wall, "_sum"), total(cpu, "_sum")
 
 
 def detect(stack, client, jobs: list[str], dead, k: int) -> list[float]:

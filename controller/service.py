@@ -98,7 +98,7 @@ class Controller:
         lease = self.lease.current()
         if lease is None:
             return
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         try:
             self.availability.probe(self.store)  # every pass: the gaps between passes count
             self.scheduler.run_once(lease)
@@ -118,3 +118,4 @@ class Controller:
             raise
         finally:
             self.metrics.pass_seconds.observe(time.perf_counter() - t0)
+            self.metrics.pass_cpu_seconds.observe(time.thread_time() - cpu0)

@@ -40,14 +40,10 @@ def job_status(store: Store, job: Job, alive_within_s: float) -> api.JobStatus:
         alive = store.alive_among(asg.workers, alive_within_s)
         ranks = rank_view(asg, store.progress(asg.workers), alive)
         flag = job.straggler  # a straggler reported (not replaced) in this generation
-        for r in ranks:
-            if (
-                flag
-                and flag.generation == asg.generation
-                and flag.rank == r.rank
-                and r.state == "running"
-            ):
-                r.state = "straggler"
+        if flag and flag.generation == asg.generation and flag.rank < len(ranks):
+            r = ranks[flag.rank]  # rank_view lists every rank in rank order
+            if r.state == "running":
+                ranks[flag.rank] = r.model_copy(update={"state": "straggler"})
         job.absorb(summarize(ranks))  # fresher than the controller's last write
     ckpt = store.checkpoint(job.id)
     shape = (

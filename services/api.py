@@ -42,9 +42,10 @@ class Coordinate(Doc):
 
 
 class RankStatus(RankReport):
-    """A rank's place in the mesh and its agent's latest report of it."""
+    """A rank's place in the mesh and its agent's latest report of it. Frozen: the controller
+    shares one per distinct report between passes and requests (controller/ranks.py)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", frozen=True)
     rank: int
     coord: Coordinate
     worker: str

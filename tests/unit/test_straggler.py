@@ -53,7 +53,5 @@ def test_a_healthy_rank_never_lucky_in_the_window_is_not_flagged():
 
 
 def test_reports_without_compute_min_fall_back_to_the_mean():
-    rs = ranks(HEALTHY, [0.6] * 5, HEALTHY)
-    for r in rs:
-        r.compute_min = None
+    rs = [r.model_copy(update={"compute_min": None}) for r in ranks(HEALTHY, [0.6] * 5, HEALTHY)]
     assert straggler(rs, 1.5, 5, now=10.0).rank == 1
