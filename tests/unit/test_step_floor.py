@@ -1,6 +1,6 @@
 """`chaos.min_step_s` (worker/trainer/chaos.py `StepFloor`): each step lasts at least the
 floor, counted from the end of the previous wait, so the work inside a step is not added on
-top of it. Lower bounds only: a sleep is never shorter than asked."""
+top of it. Lower bounds on real sleeps, and the sleep asked for; no timing targets."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ def test_quick_steps_are_stretched_to_the_floor():
     assert all(g >= 0.05 for g in gaps), gaps
 
 
-def test_a_step_longer_than_the_floor_is_not_paced_further():
+def test_a_step_longer_than_the_floor_is_not_paced_further(monkeypatch):
     floor = StepFloor(0.3)
     time.sleep(0.4)  # the step's own work outlasts the floor
-    t = time.monotonic()
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)  # record what the floor asks for
     floor.wait()
-    # the rest was negative: no sleep at all (a wait of 0.3 s would be the floor added on top)
-    assert time.monotonic() - t < 0.3
+    assert slept == []  # the rest was negative: the floor is not added on top
