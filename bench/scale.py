@@ -4,9 +4,10 @@ controller and redis-server (docs/architecture.md, "Parts"; issue 15).
 Simulated workers (one device each by default) are registered as a join would leave them,
 then driven from a few asyncio processes: each beats with the agents' own HEARTBEAT script at
 --hz, follows its assignment pointer from the beat's answer, and reports its ranks running
-(`worker:{wid}:progress`, the agents' RankReport) every few seconds, as a training agent
-does. Jobs span the pool, one spare each. Each process pipelines the beats that fall due in
-one tick (what an agent cannot do, but what lets a few processes stand in for thousands).
+(`worker:{wid}:progress`, the agents' RankReport, through their REPORT script) every few
+seconds, as a training agent does. Jobs span the pool, one spare each. Each process
+pipelines the beats that fall due in one tick (what an agent cannot do, but what lets a few
+processes stand in for thousands).
 
 Phases: register and place every job; measure for --seconds (sustained beats, GET job p99,
 the controller's CPU per wall second); stop --kill simulated workers of running jobs and time
@@ -69,6 +70,7 @@ def register(url: str, n: int, devices: int) -> None:
             "joined_at": time.time(),
         }
         pipe.hset(keys.worker(wid(i)), mapping=flat(info))
+        pipe.zadd(keys.workers_joined(), {wid(i): info["joined_at"]})
         if len(pipe) >= 1000:
             pipe.execute()
     pipe.execute()
@@ -87,10 +89,12 @@ class Sim:
         self.reported: dict[int, float] = {}
         self.assignments: dict[tuple[str, int], dict[str, list[int]]] = {}  # -> wid -> ranks
         self.step = 0
+        self.report_script = None  # REPORT, registered on the process's own client in `run`
 
     async def run(self) -> None:
         r = aredis.Redis.from_url(self.url, decode_responses=True)
         hb = r.register_script(scripts.HEARTBEAT)
+        self.report_script = r.register_script(scripts.REPORT)
         n = len(self.ids)
         due = {i: time.monotonic() + self.period * k / n for k, i in enumerate(self.ids)}
         started = time.monotonic()
@@ -156,19 +160,19 @@ class Sim:
                     first_step_at=server,
                     progress_at=server,
                 ).model_dump(mode="json", exclude_none=True)
-                k = self.keys.worker_progress(wid(i))
-                pipe.delete(k)
-                pipe.hset(
-                    k,
-                    mapping=flat(
-                        {
-                            "job": job,
-                            "generation": gen,
-                            "state": "running",
-                            "ranks": {str(n): rep for n in self.ranks[i]},
-                            "updated_at": server,
-                        }
-                    ),
+                fields = flat(
+                    {
+                        "job": job,
+                        "generation": gen,
+                        "state": "running",
+                        "ranks": {str(n): rep for n in self.ranks[i]},
+                        "updated_at": server,
+                    }
+                )
+                await self.report_script(
+                    keys=[self.keys.worker_progress(wid(i)), self.keys.workers_reported()],
+                    args=[wid(i), *(x for kv in fields.items() for x in kv)],
+                    client=pipe,
                 )
                 self.reported[i] = now
             await pipe.execute()

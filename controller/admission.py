@@ -58,13 +58,14 @@ class PoolWorker:
 
 
 def live_pool(store: Store, alive_s: float) -> list[PoolWorker]:
-    """Every live registered worker, busy or idle (busy ones free up; capacity is what counts)."""
+    """Every live registered worker, busy or idle (busy ones free up; capacity is what counts).
+    Only workers registered at a join count; their join-time fields are all it reads."""
     wids = sorted(store.alive_workers(alive_s), key=natural_key)
-    infos = store.workers(wids)
+    infos = store.registrations(wids)
     out = []
     for w in wids:
-        info = infos[w]
-        if not info.get("joined_at"):  # only workers the controller registered (at join)
+        info = infos.get(w)
+        if info is None:
             continue
         devices = max(1, int(info.get("devices") or 1))
         memory = int(info.get("memory_bytes") or 0) or host_memory_per_device(devices)

@@ -7,13 +7,13 @@ from controller.availability import RedisAvailability
 from controller.jobs import Job
 from controller.passes import JobView, Pass
 from controller.ranks import rank_view
-from services.assignment import Assignment
+from services import assignment
 from services.store import Tx
 
 
 def follow(ctx: Pass, job: Job, availability: RedisAvailability) -> None:
-    asg = Assignment.from_fields(ctx.store.job_assignment(job.id))
-    if asg is None or asg.generation != job.generation:
+    asg = assignment.current(ctx.store, job.id, job.generation)
+    if asg is None:
         return  # being rewritten; next pass
     seen = ctx.store.last_seen(asg.workers)
     progress = ctx.store.progress(asg.workers)

@@ -13,8 +13,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from controller.conditions import PHASES
 from controller.jobs import Job
 from controller.ranks import rank_view, summarize
+from services import assignment
 from services.api import RankStatus
-from services.assignment import RANK_STATES, Assignment
+from services.assignment import RANK_STATES
 from services.store import Store
 
 # The states the dashboard and the alerts name, always exported (as 0) so they exist;
@@ -81,7 +82,7 @@ class JobFamilies:
 
     def add(self, store: Store, job: Job, now: float, alive: set[str]) -> None:
         jid = [job.id]
-        asg = Assignment.from_fields(store.job_assignment(job.id)) if job.generation else None
+        asg = assignment.current(store, job.id, job.generation) if job.generation else None
         ranks = rank_view(asg, store.progress(asg.workers), alive) if asg else []
         job.absorb(summarize(ranks))  # fresher than the controller's last write
         for ph in PHASES:

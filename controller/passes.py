@@ -71,6 +71,7 @@ class Pass:
     pool: FreePool
     actions: WorkerActions | None = None  # outside Redis: the cluster's pods (controller/pods.py)
     _live: list[PoolWorker] | None = field(default=None, repr=False)
+    fits: dict[str, bool] = field(default_factory=dict, repr=False)  # controller/waiting.py
 
     @property
     def keys(self) -> Keys:

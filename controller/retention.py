@@ -128,7 +128,13 @@ class Retention:
         ]
         for wid in forgotten:
             tx = Tx().delete(*keys.worker_keys(wid))
-            tx.zrem(keys.workers_seen(), wid).zrem(keys.workers_gone(), wid)
+            for index in (
+                keys.workers_seen(),
+                keys.workers_gone(),
+                keys.workers_reported(),
+                keys.workers_joined(),
+            ):
+                tx.zrem(index, wid)
             self.store.commit(tx, lease)
             # ACL commands cannot run in a script: right after the keys (a crash between the
             # two leaves a user whose keys are gone, which can touch nothing that exists)

@@ -18,7 +18,7 @@ from controller.jobs import Job
 from controller.passes import FreePool, JobView, Pass, SchedulerConfig, WorkerActions
 from controller.placement import FreeWorker
 from controller.ranks import rank_view
-from services.assignment import Assignment
+from services import assignment
 from services.store import Store, Tx
 
 log = logging.getLogger("meshkeeper.scheduler")
@@ -85,6 +85,6 @@ class Scheduler:
 
 
 def cancel(ctx: Pass, job: Job) -> None:
-    asg = Assignment.from_fields(ctx.store.job_assignment(job.id)) if job.generation else None
+    asg = assignment.current(ctx.store, job.id, job.generation) if job.generation else None
     ranks = rank_view(asg, ctx.store.progress(asg.workers)) if asg else []
     apply.finish(ctx, JobView(job, asg, ranks), "Failed", "Cancelled", "cancelled on request")

@@ -48,7 +48,7 @@ class Controller:
     def __init__(self, cfg: ControllerConfig):
         self.cfg = cfg
         self.id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
-        self.store = Store(cfg.redis_url, cfg.prefix)
+        self.store = Store(cfg.redis_url, cfg.prefix, mirror_progress=True)
         self.lease = LeaseKeeper(self.store, self.id, cfg.lease_ttl_s)
         # Redis as this controller sees it: silence is judged only while it was there for all
         self.availability = RedisAvailability()

@@ -7,8 +7,7 @@ from controller.conditions import TERMINAL
 from controller.jobs import Job
 from controller.placement import natural_key
 from controller.ranks import rank_view, summarize
-from services import api
-from services.assignment import Assignment
+from services import api, assignment
 from services.store import Store, loads
 
 
@@ -32,7 +31,7 @@ def job_summary(job: Job) -> api.JobSummary:
 
 def job_status(store: Store, job: Job, alive_within_s: float) -> api.JobStatus:
     """Summary + conditions, live progress, the last checkpoint and every rank of the mesh."""
-    asg = Assignment.from_fields(store.job_assignment(job.id)) if job.generation else None
+    asg = assignment.current(store, job.id, job.generation) if job.generation else None
     ranks: list[api.RankStatus] = []
     if job.phase in TERMINAL:
         ranks = job.final_ranks  # as the controller saw them at the end

@@ -37,8 +37,14 @@ def over_quota(ctx: Pass, job: Job, running: dict[str | None, int]) -> bool:
 
 
 def fits_pool(ctx: Pass, job: Job) -> bool:
-    """Whether the job would fit the live pool were every worker idle (admission's test)."""
-    return bool(ctx.live()) and not capacity_problems(job.spec, ctx.live())
+    """Whether the job would fit the live pool were every worker idle (admission's test).
+    Judged once a pass per distinct job shape (what `capacity_problems` reads of the spec):
+    a queue of a thousand alike jobs costs one judgement of a 16,384-worker pool, not one
+    each."""
+    key = job.spec.model_dump_json(include={"model", "parallel", "train", "fault_tolerance"})
+    if key not in ctx.fits:
+        ctx.fits[key] = bool(ctx.live()) and not capacity_problems(job.spec, ctx.live())
+    return ctx.fits[key]
 
 
 def reserves(ctx: Pass, job: Job) -> bool:

@@ -9,10 +9,11 @@ JSON `ranks` map rank -> {state, step, loss, ...}; rank states are the ones belo
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from services.mesh import Coord, MeshShape
-from services.store import loads
+from services.store import Store, loads
 
 # agent-reported: starting -> running -> succeeded | failed | stopped
 # controller-derived: assigned (no report yet in this generation), lost (worker silent),
@@ -146,3 +147,23 @@ class Assignment:
 def _int_map(m: dict[str, int]) -> dict[int, int]:
     """A rank map read back from JSON, whose keys are strings."""
     return {int(k): int(v) for k, v in m.items()}
+
+
+def current(store: Store, jid: str, generation: int) -> Assignment | None:
+    """Job `jid`'s assignment of `generation`; None while it has none of that generation (not
+    placed yet, or a new one being written). Read and parsed once per store, job and
+    generation: an assignment is never rewritten within its generation (the lease holder
+    writes a new generation's whole, controller/apply.py `start_generation`), so a later read
+    could only return the same. Callers must not change what it returns."""
+    try:
+        return _current(store, jid, generation)
+    except LookupError:  # not cached: the next call reads again
+        return None
+
+
+@functools.lru_cache(maxsize=128)  # 128 open jobs; a 1,024-rank assignment is ~0.3 MB parsed
+def _current(store: Store, jid: str, generation: int) -> Assignment:
+    asg = Assignment.from_fields(store.job_assignment(jid))
+    if asg is None or asg.generation != generation:
+        raise LookupError(jid)
+    return asg

@@ -21,6 +21,18 @@ local p = redis.call('HMGET', ARGV[4], 'job', 'generation')
 return {tostring(now), p[1] or '', p[2] or '0'}
 """
 
+# KEYS: worker:{wid}:progress, workers:reported   ARGV: wid, then the hash's field/value pairs
+# An agent's report: the progress hash rewritten whole and the worker stamped in
+# `workers:reported` with server time, in one step, so a reader that re-reads only what was
+# stamped since its last read (services/progress.py) never misses a rewrite.
+REPORT = """
+local t = redis.call('TIME')
+redis.call('DEL', KEYS[1])
+if #ARGV > 1 then redis.call('HSET', KEYS[1], unpack(ARGV, 2)) end
+redis.call('ZADD', KEYS[2], tonumber(t[1]) + tonumber(t[2]) / 1e6, ARGV[1])
+return 1
+"""
+
 # KEYS: jobs:seq, job:{jid}, jobs, jobs:open   ARGV: jid, then the record's field/value pairs
 #   -> the job's sequence number (its place in the queue)
 # One script, so a replicated write (services/store.py `_durable`) covers all of it.

@@ -27,6 +27,7 @@ from redis.retry import Retry
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from services import scripts
+from services.progress import ProgressMirror
 from services.redis_url import connect, replica_clients
 
 log = logging.getLogger("meshkeeper.store")
@@ -60,6 +61,14 @@ class Keys:
 
     def workers_seen(self) -> str:
         return f"{self.prefix}workers:seen"
+
+    def workers_joined(self) -> str:
+        """zset: worker -> its registration's `joined_at` (`Store.registrations`)."""
+        return f"{self.prefix}workers:joined"
+
+    def workers_reported(self) -> str:
+        """zset: worker -> server time of its last progress report (services/progress.py)."""
+        return f"{self.prefix}workers:reported"
 
     # A job's keys share the hash tag {jid}: Redis Cluster puts them in one slot.
     def job(self, jid: str) -> str:
@@ -263,6 +272,7 @@ def agent_acl(prefix: str, wid: str) -> list[str]:
         f"%R~{me}:assignment",
         f"%R~{me}:health",  # controller-written: read only
         f"%RW~{prefix}workers:seen",
+        f"%RW~{prefix}workers:reported",  # REPORT stamps it with the progress hash
         f"%RW~{prefix}workers:gone",  # a clean stop moves the agent here (deregister_worker)
         # one pattern must grant all a command needs: the CAS (EVALSHA) needs RW on its key
         f"%R~{prefix}job:*",
@@ -337,9 +347,12 @@ class Store:
         connect_timeout: float = 1.0,
         retries: int = 1,
         replica_recheck_s: float = 10.0,
+        mirror_progress: bool = False,
     ):
         """`replica_recheck_s`: under Sentinel, how long writes stop waiting for replicas
-        after a WAIT fell short (`_replicated`)."""
+        after a WAIT fell short (`_replicated`). `mirror_progress`: `progress` re-reads only
+        the reports rewritten since its last call (the controller's reads; an agent's ACL
+        user may not read the index it needs)."""
         self.url = url
         self.keys = Keys(prefix)
         self._options = dict(
@@ -361,6 +374,11 @@ class Store:
         self._lease = self.r.register_script(scripts.LEASE_ACQUIRE)
         self._release = self.r.register_script(scripts.LEASE_RELEASE)
         self._checkpoint = self.r.register_script(scripts.CHECKPOINT_CAS)
+        self._report = self.r.register_script(scripts.REPORT)
+        self._mirror = ProgressMirror(self.r, self.keys) if mirror_progress else None
+        # wid -> (joined_at, its registration hash): `registrations`
+        self._registrations: dict[str, tuple[float, dict[str, str]]] = {}
+        self._registrations_lock = threading.Lock()
 
     def close(self) -> None:
         self.r.close()
@@ -384,6 +402,8 @@ class Store:
         pipe = self.r.pipeline()
         pipe.delete(k)
         pipe.hset(k, mapping=flat(info))
+        if "joined_at" in info:
+            pipe.zadd(self.keys.workers_joined(), {wid: info["joined_at"]})
         pipe.execute()
 
     def set_worker(self, wid: str, fields: dict[str, Any]) -> None:
@@ -414,9 +434,11 @@ class Store:
             *agent_acl(self.keys.prefix, wid),
         )
         self.r.execute_command("CLIENT", "KILL", "USER", user)
+        now = self.now()
         pipe = self.r.pipeline()
         pipe.delete(self.keys.worker(wid))
-        pipe.hset(self.keys.worker(wid), mapping=flat({**info, "joined_at": self.now()}))
+        pipe.hset(self.keys.worker(wid), mapping=flat({**info, "joined_at": now}))
+        pipe.zadd(self.keys.workers_joined(), {wid: now})
         pipe.execute()
         return self.save_acl()
 
@@ -487,11 +509,11 @@ class Store:
         return self.r.hgetall(self.keys.worker_assignment(wid))
 
     def write_progress(self, wid: str, progress: dict[str, Any]) -> None:
-        k = self.keys.worker_progress(wid)
-        pipe = self.r.pipeline()
-        pipe.delete(k)
-        pipe.hset(k, mapping=flat(progress))
-        pipe.execute()
+        """Rewrite the worker's progress hash and stamp it in `workers:reported` (REPORT)."""
+        pairs = [x for kv in flat(progress).items() for x in kv]
+        self._report(
+            keys=[self.keys.worker_progress(wid), self.keys.workers_reported()], args=[wid, *pairs]
+        )
 
     def commit_checkpoint(
         self, jid: str, generation: int, step: int, path: str, keep: int = 1_000_000, *, wid: str
@@ -562,7 +584,29 @@ class Store:
     def workers(self, wids: list[str]) -> dict[str, dict[str, str]]:
         return self._hashes(wids, self.keys.worker)
 
+    def registrations(self, wids: list[str]) -> dict[str, dict[str, str]]:
+        """The registration hashes of those of `wids` that joined, as written at their join:
+        read once per (worker, `joined_at`) and kept, so the fields an agent rewrites later
+        (`state`, `pid`, the last beat's) are stale here; use `workers` for those. A join
+        writes the hash and `workers:joined` in one transaction, and a new join has a new
+        `joined_at`: one ZMSCORE tells which kept ones are still current."""
+        if not wids:
+            return {}
+        joined = dict(zip(wids, self.r.zmscore(self.keys.workers_joined(), wids), strict=True))
+        with self._registrations_lock:
+            kept = self._registrations
+            stale = [w for w, t in joined.items() if t is not None and kept.get(w, (None,))[0] != t]
+            if stale:
+                for w, h in self.workers(stale).items():
+                    if h.get("joined_at") and float(h["joined_at"]) == joined[w]:
+                        kept[w] = (joined[w], h)
+            if len(kept) > 2 * len(wids) + 1024:  # forget workers no longer asked about
+                self._registrations = kept = {w: kept[w] for w in wids if w in kept}
+            return {w: kept[w][1] for w in wids if w in kept and kept[w][0] == joined[w]}
+
     def progress(self, wids: list[str]) -> dict[str, dict[str, str]]:
+        if self._mirror is not None:
+            return self._mirror.read(wids)
         return self._hashes(wids, self.keys.worker_progress)
 
     def assignments(self, wids: list[str]) -> dict[str, dict[str, str]]:
