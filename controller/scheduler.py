@@ -37,9 +37,9 @@ class Scheduler:
         self.store, self.cfg, self.me, self.actions = store, cfg, controller_id, actions
         self.availability = availability or RedisAvailability()  # see controller/following.py
 
-    def free_workers(self, now: float) -> list[FreeWorker]:
-        """The workers a pass would hand out (idle, joined, not quarantined)."""
-        return placing.free_workers(self.store, self.cfg.worker_alive_s, now)
+    def free_workers(self, now: float, held: frozenset[str] = frozenset()) -> list[FreeWorker]:
+        """The workers a pass would hand out (idle, joined, not quarantined, not `held`)."""
+        return placing.free_workers(self.store, self.cfg.worker_alive_s, now, held)
 
     def run_once(self, lease: str) -> None:
         """Jobs in submission order. A waiting job (pending, or a recovery waiting for capacity)
@@ -50,6 +50,9 @@ class Scheduler:
         if not jids:
             return
         now = self.store.now()
+        records = self.store.jobs(jids)
+        jobs = {jid: Job.from_hash(jid, records[jid]) for jid in jids}
+        readable = [j for j in jobs.values() if j is not None]
         # One pool per pass, not a fresh read per consumer: a list kept for pending jobs while
         # a recovery re-read Redis gave the worker that recovery took to a later pending job.
         ctx = Pass(
@@ -58,12 +61,10 @@ class Scheduler:
             self.me,
             lease,
             now,
-            FreePool(lambda: self.free_workers(now)),
+            FreePool(lambda: self.free_workers(now, placing.held_workers(self.store, readable))),
             self.actions,
         )
-        records = self.store.jobs(jids)
-        jobs = {jid: Job.from_hash(jid, records[jid]) for jid in jids}
-        running = waiting.running_ranks([j for j in jobs.values() if j is not None])
+        running = waiting.running_ranks(readable)
         reserved_by: str | None = None
         for jid, job in jobs.items():
             if job is None:  # half-written, deleted, or unreadable: drop it from the queue
