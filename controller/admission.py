@@ -15,6 +15,7 @@ Torch-free, like the rest of the controller.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -62,15 +63,17 @@ def live_pool(store: Store, alive_s: float) -> list[PoolWorker]:
     Only workers registered at a join count; their join-time fields are all it reads."""
     wids = sorted(store.alive_workers(alive_s), key=natural_key)
     infos = store.registrations(wids)
-    out = []
-    for w in wids:
-        info = infos.get(w)
-        if info is None:
-            continue
-        devices = max(1, int(info.get("devices") or 1))
-        memory = int(info.get("memory_bytes") or 0) or host_memory_per_device(devices)
-        out.append(PoolWorker(w, devices, memory, info.get("device_kind") or "cpu"))
-    return out
+    return [
+        _pool_worker(w, i.get("devices"), i.get("memory_bytes"), i.get("device_kind"))
+        for w in wids
+        if (i := infos.get(w)) is not None
+    ]
+
+
+@functools.lru_cache(maxsize=1 << 16)  # built once per registration, not per submission
+def _pool_worker(wid: str, devices: str | None, memory: str | None, kind: str | None) -> PoolWorker:
+    n = max(1, int(devices or 1))
+    return PoolWorker(wid, n, int(memory or 0) or host_memory_per_device(n), kind or "cpu")
 
 
 def _gib(n: float) -> str:

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
@@ -17,9 +18,10 @@ from services.assignment import RankEntry
 from services.mesh import MeshShape
 
 
-def natural_key(s: str) -> list:
+@functools.lru_cache(maxsize=1 << 16)  # the pool's names, sorted on every pass and submission
+def natural_key(s: str) -> tuple:
     """w2 before w10: workers are taken in name order."""
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s))
 
 
 @dataclass(frozen=True)

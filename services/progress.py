@@ -31,7 +31,7 @@ import redis
 if TYPE_CHECKING:  # services/store.py builds the mirror
     from services.store import Keys
 
-SLACK_S = 0.5
+SLACK_S = 0.1
 RESYNC_S = 30.0
 
 

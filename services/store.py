@@ -546,11 +546,10 @@ class Store:
         """Every worker ever seen -> its last heartbeat (server time)."""
         return dict(self.r.zrange(self.keys.workers_seen(), 0, -1, withscores=True))
 
-    def alive_workers(self, within_s: float, now: float | None = None) -> dict[str, float]:
+    def alive_workers(self, within_s: float, now: float | None = None) -> list[str]:
+        """The workers that beat within `within_s` of `now` (server time by default)."""
         now = self.now() if now is None else now
-        return dict(
-            self.r.zrangebyscore(self.keys.workers_seen(), now - within_s, "+inf", withscores=True)
-        )
+        return self.r.zrangebyscore(self.keys.workers_seen(), now - within_s, "+inf")
 
     def last_seen(self, wids: list[str]) -> dict[str, float]:
         """Last heartbeat (server time) of each of `wids` that has one."""

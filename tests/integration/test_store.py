@@ -133,10 +133,10 @@ def test_fenced_transaction_refuses_undeclared_keys_and_unknown_verbs(store):
 def test_heartbeats_use_redis_server_time(store):
     t = store.heartbeat("w1", "job-a", 4).time
     assert abs(t - store.now()) < 1.0
-    assert store.alive_workers(within_s=2.0) == {"w1": pytest.approx(t)}
+    assert store.alive_workers(within_s=2.0) == ["w1"]
     w = store.r.hgetall(store.keys.worker("w1"))
     assert (w["job"], w["generation"]) == ("job-a", "4")
-    assert store.alive_workers(within_s=2.0, now=t + 5) == {}  # liveness by score, no scan
+    assert store.alive_workers(within_s=2.0, now=t + 5) == []  # liveness by score, no scan
 
 
 def test_events_stream_is_bounded(store):
