@@ -24,12 +24,8 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import redis
-
-if TYPE_CHECKING:  # services/store.py builds the mirror
-    from services.store import Keys
 
 SLACK_S = 0.1
 RESYNC_S = 30.0
@@ -37,9 +33,14 @@ RESYNC_S = 30.0
 
 class ProgressMirror:
     def __init__(
-        self, r: redis.Redis, keys: Keys, clock: Callable[[], float] = time.monotonic
+        self,
+        r: redis.Redis,
+        index: str,
+        key_of: Callable[[str], str],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._r, self._keys, self._clock = r, keys, clock
+        """`index`: the `workers:reported` key; `key_of(wid)`: a worker's progress key."""
+        self._r, self._index, self._key_of, self._clock = r, index, key_of, clock
         self._lock = threading.Lock()  # the pass and the API's threads share one mirror
         # wid -> (its stamp when its hash was read, -inf for none; the hash)
         self._hashes: dict[str, tuple[float, dict[str, str]]] = {}
@@ -68,9 +69,7 @@ class ProgressMirror:
         pipe = self._r.pipeline(transaction=False)
         pipe.info("server")  # its run_id, and its time (before the index is asked)
         if self._since is not None:
-            pipe.zrangebyscore(
-                self._keys.workers_reported(), self._since - SLACK_S, "+inf", withscores=True
-            )
+            pipe.zrangebyscore(self._index, self._since - SLACK_S, "+inf", withscores=True)
         server, *changed = pipe.execute()
         now = int(server["server_time_usec"]) / 1e6
         if server["run_id"] != self._run_id or (
@@ -87,9 +86,9 @@ class ProgressMirror:
             # the stamps before the hashes: a report between the two leaves a hash newer
             # than its stamp says, read again next time (the other order could miss it)
             pipe = self._r.pipeline(transaction=False)
-            pipe.zmscore(self._keys.workers_reported(), missing)
+            pipe.zmscore(self._index, missing)
             for w in missing:
-                pipe.hgetall(self._keys.worker_progress(w))
+                pipe.hgetall(self._key_of(w))
             stamps, *hashes = pipe.execute()
             for w, stamp, h in zip(missing, stamps, hashes, strict=True):
                 self._hashes[w] = (-math.inf if stamp is None else stamp, h)

@@ -375,7 +375,11 @@ class Store:
         self._release = self.r.register_script(scripts.LEASE_RELEASE)
         self._checkpoint = self.r.register_script(scripts.CHECKPOINT_CAS)
         self._report = self.r.register_script(scripts.REPORT)
-        self._mirror = ProgressMirror(self.r, self.keys) if mirror_progress else None
+        self._mirror = (
+            ProgressMirror(self.r, self.keys.workers_reported(), self.keys.worker_progress)
+            if mirror_progress
+            else None
+        )
         # wid -> (joined_at, its registration hash): `registrations`
         self._registrations: dict[str, tuple[float, dict[str, str]]] = {}
         self._registrations_lock = threading.Lock()

@@ -32,7 +32,10 @@ def store(redis_server):
 @pytest.fixture
 def mirrored(store):
     clock = Clock()
-    return ProgressMirror(store.r, store.keys, clock), clock
+    return (
+        ProgressMirror(store.r, store.keys.workers_reported(), store.keys.worker_progress, clock),
+        clock,
+    )
 
 
 def report(store: Store, wid: str, step: int) -> None:
