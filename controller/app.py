@@ -509,9 +509,12 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:
         detail = e.detail
         if e.status_code == 400 and detail == "There was an error parsing the body":
-            # FastAPI's answer to a body that is not UTF-8: a malformed body like any other
-            why = "not valid JSON (UTF-8 expected)"
-            return _error(422, f"invalid request: body: {why}", [{"field": "body", "message": why}])
+            # FastAPI's answer to a body that is not UTF-8 (routes whose body it parses): a
+            # malformed body like any other, as POST /v1/jobs answers it
+            why = "not valid JSON: not UTF-8; send a JSON object"
+            return _error(
+                422, "the request body is not valid JSON", [{"field": "(body)", "message": why}]
+            )
         if e.status_code == 404:
             detail = f"no such endpoint: {request.method} {request.url.path}; see /docs"
         elif e.status_code == 405:

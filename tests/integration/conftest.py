@@ -3,6 +3,7 @@ the stack itself in tests/stack.py). The names below stay importable from here."
 
 import pytest
 
+from services.store import Store
 from tests.sentinel_redis import SentinelRedis
 from tests.stack import (  # noqa: F401
     ENV,
@@ -18,6 +19,15 @@ from tests.stack import (  # noqa: F401
     wait_phase,
     wait_until,
 )
+
+
+@pytest.fixture
+def store(redis_server) -> Store:
+    """A Store under prefix `t:` on the test's own redis-server (files using another prefix
+    define their own)."""
+    s = Store(redis_server.url, prefix="t:")
+    yield s
+    s.close()
 
 
 @pytest.fixture(scope="package")

@@ -15,6 +15,8 @@ CASES = [
     # (method, path, body, status, field that must be named, words the message must carry)
     ("POST", "/v1/jobs", b"{not json", 422, "(body)", "JSON"),
     ("POST", "/v1/jobs", b"[1, 2]", 422, "(spec)", "mapping"),
+    ("POST", "/v1/jobs", b"\xff\x00]", 422, "(body)", "JSON"),
+    ("POST", "/v1/plan", b"\xff\x00]", 422, "(body)", "UTF-8"),
     ("POST", "/v1/jobs", {**GOOD, "name": "Bad_Name"}, 422, "name", "lowercase"),
     ("POST", "/v1/jobs", {k: v for k, v in GOOD.items() if k != "train"}, 422, "train", "required"),
     ("POST", "/v1/jobs", {**GOOD, "parallel": {"dp": 2, "tp": 3}}, 422, "parallel.tp", "divisible"),

@@ -3,17 +3,6 @@ restore falls back to, and the one list of directories anyone may delete."""
 
 from __future__ import annotations
 
-import pytest
-
-from services.store import Store
-
-
-@pytest.fixture
-def store(redis_server):
-    s = Store(redis_server.url, prefix="t:")
-    yield s
-    s.close()
-
 
 def assign(store, wid: str, job: str, generation: int) -> None:
     """The job's generation and the worker's pointer, as the controller writes them."""

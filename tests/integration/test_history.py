@@ -44,13 +44,6 @@ def append(
 
 
 @pytest.fixture
-def store(redis_server):
-    s = Store(redis_server.url, prefix="t:")
-    yield s
-    s.close()
-
-
-@pytest.fixture
 def lease(store) -> str:
     return store.acquire_lease("test-controller", ttl_s=60)
 

@@ -23,13 +23,6 @@ class Clock:
 
 
 @pytest.fixture
-def store(redis_server):
-    s = Store(redis_server.url, prefix="t:")
-    yield s
-    s.close()
-
-
-@pytest.fixture
 def mirrored(store):
     clock = Clock()
     return (

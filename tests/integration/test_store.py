@@ -10,13 +10,6 @@ import pytest
 from services.store import EVENTS_MAXLEN, Fenced, Store, Tx, TxRefused
 
 
-@pytest.fixture
-def store(redis_server):
-    s = Store(redis_server.url, prefix="t:")
-    yield s
-    s.close()
-
-
 def snapshot(store: Store) -> dict:
     """Every key with its type and content: what a refused transaction must leave as it was."""
     dump = {
