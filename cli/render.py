@@ -225,10 +225,10 @@ def recovery(r: api.Recovery) -> Text:
         line += (
             f"\n  resumed at step {r.resumed_step} ({r.steps_lost} steps redone"
             + (f"; restored from {r.restored_summary()}" if r.restored_from else "")
-            + "); detect "
-            f"{d['detect_s']:.2f}s, decide {d['decide_s']:.2f}s, "
-            f"rendezvous {d['rendezvous_s']:.2f}s, restore {d['restore_s']:.2f}s, "
-            f"first step {d['first_step_s']:.2f}s = {d['total_s']:.2f}s from fault to "
-            "training"
+            + "); "
+            + ", ".join(
+                f"{k[:-2].replace('_', ' ')} {v:.2f}s" for k, v in d.items() if k != "total_s"
+            )
+            + f" = {d['total_s']:.2f}s from fault to training"
         )
     return Text(line, style="bold yellow")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -172,6 +173,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+# A young generation this big lets a reconcile pass's garbage die young (see for_a_big_heap)
+GC_YOUNG = 100_000
+
+
+def for_a_big_heap() -> None:
+    """Tune CPython's collector for the controller's heap. At scale it is large and long-lived
+    (every worker's report mirrored, the assignments of every running job, registrations),
+    while each pass allocates a burst that dies at its end. With the defaults (a young
+    collection every 700 allocations) those bursts are promoted, and a full collection of the
+    whole heap follows every fraction of a second: 50-600 ms pauses, a fifth of wall time at
+    16,384 ranks (issue 15), stopping every thread, the REST API's too. What startup built
+    (modules, the app) is frozen out of collections for good."""
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG, 10, 10)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(
@@ -215,8 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # a Redis URL it cannot use (services/redis_url.py names the part)
         print(f"controller: --redis-url: {e}", file=sys.stderr)
         return 2
+    app = create_app(ctl, auth)
+    for_a_big_heap()
     uvicorn.run(
-        create_app(ctl, auth),
+        app,
         host=args.host,
         port=args.port,
         log_level=args.log_level.lower(),

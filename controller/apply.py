@@ -20,7 +20,7 @@ from controller.decisions import (
     SetGrowAfter,
     WaitForCapacity,
 )
-from controller.faults import registered_host
+from controller.faults import registered, registered_host
 from controller.jobs import Job
 from controller.passes import JobView, Pass
 from controller.ranks import summarize
@@ -147,7 +147,7 @@ def start_generation(
     (docs/architecture.md, "Hot recovery")."""
     k = ctx.keys
     wids = list(dict.fromkeys([r.wid for r in layout.ranks] + layout.spares))
-    infos = ctx.store.workers(wids)
+    infos = registered(ctx, wids)
     master = infos[layout.ranks[0].wid].get("address", "127.0.0.1")
     gen = job.generation + 1
     shrunk = layout.shape.dp != job.target_dp
@@ -184,12 +184,13 @@ def start_generation(
     tx.hset(k.job(job.id), job.fields())
     tx.delete(k.job_assignment(job.id)).hset(k.job_assignment(job.id), asg.to_fields())
     for wid in asg.workers:
-        role = "rank" if asg.ranks_of(wid) else "spare"
+        role = "rank" if wid in asg.rank_workers else "spare"
         tx.delete(k.worker_assignment(wid))
         tx.hset(k.worker_assignment(wid), {"job": job.id, "generation": gen, "role": role})
         tx.publish(k.worker_assignment(wid), job.id)
+    kept = set(asg.workers)
     for wid in old.workers if old else []:
-        if wid not in asg.workers:
+        if wid not in kept:
             _release(ctx, tx, job.id, wid)
     kind, why, msg = event or (
         "Normal",

@@ -7,10 +7,13 @@ agent's beats stop at once, and the first `TIME` after the stall makes every wor
 silent. Agents cannot tell the controller about that, but the controller saw the same stall
 in its own round trips. So:
 
-- every successful round trip of the controller is timed (`probe`, run at the start of every
-  reconcile pass and right before a job's heartbeats are judged);
-- a gap is an interval between two successful round trips: calls failing, one slow call, a
-  pass that took long, a lease lost for a while all show up as one;
+- a thread of its own (`watch`, started by controller/service.py) makes one timed round trip
+  every `PROBE_S`, whatever the reconcile pass is doing: a pass that takes long (a
+  1,024-rank recovery written, issue 15) is not a gap, since Redis took beats all along;
+- a gap is an interval between two successful round trips: calls failing, one slow call, the
+  whole controller stopped or starved of CPU all show up as one; so does the interval since
+  the last success while it is still open (a round trip in flight, or overdue), so a judge
+  that reads Redis right after a stall never runs ahead of the watcher's record of it;
 - a Redis restart (`uptime_in_seconds`) counts as a gap back to the moment it started, and
   so does this controller's own start (it knows nothing of what came before);
 - `steady(window_s, gap_s)`: Redis has been available for the whole last `window_s`, with no
@@ -24,14 +27,15 @@ beat is at most `heartbeat_s` old when a stall begins, and a stall shorter than
 flight during the stall are stamped when Redis resumes). A longer one makes judging wait.
 
 Everything here is local monotonic time (durations only); heartbeat ages themselves stay in
-Redis server time. A slow controller (CPU starved) looks like a gap too: that only delays
-judging, it never causes a false death.
+Redis server time. A controller starved of CPU looks like a gap too (its watcher is late):
+that only delays judging, it never causes a false death.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -40,7 +44,8 @@ import redis
 
 log = logging.getLogger("meshkeeper.availability")
 
-GAP_FLOOR_S = 0.4  # shorter intervals are ordinary passes (every 0.25 s), not worth keeping
+PROBE_S = 0.1  # the watcher's period: well under the tightest dead_after_s / 2 (0.5 s)
+GAP_FLOOR_S = 0.4  # shorter intervals are ordinary scheduling noise, not worth keeping
 LOG_GAP_S = 1.0  # a gap without errors this long is logged
 KEEP_GAPS = 4096  # at one per pass under load, over half an hour of history
 
@@ -53,8 +58,18 @@ class RedisAvailability:
         self._redis_started: float | None = None  # local estimate of when redis-server started
         self._down_since: float | None = None  # first failure of the current outage
         self.gaps = self.restarts = 0  # counters, for logs and tests
+        self._lock = threading.Lock()  # the watcher records, the reconcile pass asks
 
     # -- observations -----------------------------------------------------------------
+    def watch(self, store, stop: threading.Event, every_s: float = PROBE_S) -> None:
+        """Probe `store` every `every_s` until `stop` is set: the body of the controller's
+        watcher thread. Failures are recorded (and logged once per outage), never raised."""
+        while not stop.wait(every_s):
+            try:
+                self.probe(store)
+            except redis.RedisError:
+                pass  # recorded by probe: judging waits until Redis is back for a window
+
     def probe(self, store) -> None:
         """One timed round trip (INFO server: also tells a restart). Raises RedisError after
         recording the failure."""
@@ -67,6 +82,10 @@ class RedisAvailability:
 
     def answered(self, uptime_s: int | None = None) -> None:
         """A round trip just succeeded; `uptime_s` is redis-server's uptime if it told us."""
+        with self._lock:
+            self._answered(uptime_s)
+
+    def _answered(self, uptime_s: int | None) -> None:
         now = self._clock()
         if self._last_ok is None:
             self._gaps.append((now, math.inf))  # this controller's start: nothing known before
@@ -114,6 +133,10 @@ class RedisAvailability:
 
     def failed(self, error: BaseException | str) -> None:
         """A round trip failed (connection refused, timeout, loading)."""
+        with self._lock:
+            self._failed(error)
+
+    def _failed(self, error: BaseException | str) -> None:
         if self._down_since is None:
             self._down_since = self._clock()
             log.warning(
@@ -130,11 +153,17 @@ class RedisAvailability:
     def steady(self, window_s: float, gap_s: float | None = None) -> bool:
         """Whether Redis has been available to us for the whole last `window_s`: reachable
         now, up (not restarted) for `window_s`, and no gap longer than `gap_s` (default
-        `window_s / 2`) ended within it. Our own start counts as an endless gap."""
+        `window_s / 2`) ended within it, nor is open now. Our own start counts as an endless
+        gap."""
+        with self._lock:
+            return self._steady(window_s, window_s / 2 if gap_s is None else gap_s)
+
+    def _steady(self, window_s: float, gap_s: float) -> bool:
         if self._last_ok is None or self._down_since is not None:
             return False
-        gap_s = window_s / 2 if gap_s is None else gap_s
         now = self._clock()
+        if now - self._last_ok > gap_s:
+            return False  # the gap still open: a round trip in flight, or overdue
         if self._redis_started is not None and now - self._redis_started < window_s:
             return False
         for ended, length in reversed(self._gaps):

@@ -18,6 +18,8 @@ has trained its first step (`complete`):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from controller import aborts, health, quarantine
 from controller.decisions import (
     Complete,
@@ -238,8 +240,17 @@ def has_candidate(ctx: Pass, job: Job, asg: Assignment, worker: str) -> bool:
 
 
 def hosts(ctx: Pass, wids: list[str]) -> dict[str, str]:
-    infos = ctx.store.workers(wids)
+    infos = registered(ctx, wids)
     return {w: registered_host(infos[w]) for w in wids}
+
+
+def registered(ctx: Pass, wids: list[str]) -> dict[str, dict[str, str]]:
+    """Each worker's registration (host, address, labels: fixed at its join), kept across
+    passes by `Store.registrations`, so a 1,024-rank recovery reads only what joined anew; a
+    worker with no join record is read as its hash stands."""
+    got = ctx.store.registrations(wids)
+    missing = [w for w in wids if w not in got]
+    return {**got, **ctx.store.workers(missing)} if missing else got
 
 
 def registered_host(info: dict[str, str]) -> str:
@@ -296,18 +307,21 @@ def complete(job: Job, ranks: list[RankStatus], now: float) -> Complete | None:
         return None
     if not ranks or any(r.first_step_at is None for r in ranks):
         return None
-    rdzv = max(r.rendezvous_at or 0 for r in ranks)
-    ready = max(r.ready_at or 0 for r in ranks)
+    rdzv = _slowest(r.rendezvous_at for r in ranks)
+    ready = _slowest(r.ready_at for r in ranks)
     first = max(r.first_step_at for r in ranks)
     start = min(r.start_step or 0 for r in ranks)
-    d = {
-        "detect_s": rec.detected_at - rec.fault_at,
-        "decide_s": rec.decided_at - rec.detected_at,
-        "rendezvous_s": rdzv - rec.decided_at,
-        "restore_s": ready - rdzv,
-        "first_step_s": first - ready,
-        "total_s": first - rec.fault_at,
+    spans = {
+        "detect_s": (rec.fault_at, rec.detected_at),
+        "decide_s": (rec.detected_at, rec.decided_at),
+        "rendezvous_s": (rec.decided_at, rdzv),
+        "restore_s": (rdzv, ready),
+        "first_step_s": (ready, first),
+        "total_s": (rec.fault_at, first),
     }
+    # a mark some rank did not report leaves out the phases it bounds, rather than timing
+    # them from the epoch
+    d = {k: b - a for k, (a, b) in spans.items() if a is not None and b is not None}
     sources = {str(r.rank): r.restored_from for r in ranks if r.restored_from}
     done = rec.model_copy(
         update={
@@ -325,6 +339,12 @@ def complete(job: Job, ranks: list[RankStatus], now: float) -> Complete | None:
         + (f"; restored from {done.restored_summary()}" if sources else "")
     )
     return Complete(done, msg)
+
+
+def _slowest(marks: Iterable[float | None]) -> float | None:
+    """The last of the ranks' marks, or None if any rank did not report its own."""
+    got = list(marks)
+    return None if None in got else max(got)
 
 
 def _message(first: FaultRecord, action: str, layout: Layout) -> str:

@@ -15,15 +15,16 @@ def follow(ctx: Pass, job: Job, availability: RedisAvailability) -> None:
     asg = assignment.current(ctx.store, job.id, job.generation)
     if asg is None:
         return  # being rewritten; next pass
-    seen = ctx.store.last_seen(asg.workers)
+    # Each job is judged at a server time read with its beats: a pass that wrote a big
+    # recovery before reaching this job must not age its beats by that long (issue 15).
+    ctx.now, seen = ctx.store.beats(asg.workers)
     progress = ctx.store.progress(asg.workers)
     dead_after = job.spec.fault_tolerance.dead_after_s
     # Silence (heartbeat age, frozen progress) counts only if Redis could take the agents'
     # reports all along: after a stall or restart of Redis, or a gap in our own access to
     # it, nothing is judged until it has been available for a full dead_after_s again
-    # (controller/availability.py). The probe comes after the reads above, so a stall
-    # between `now` and them is seen too.
-    availability.probe(ctx.store)
+    # (controller/availability.py). Asked after the reads above, so a stall that ended just
+    # before them is still an open gap if the watcher has not yet recorded it.
     judge = seen if availability.steady(dead_after) else None
     alive = {w for w, t in seen.items() if ctx.now - t <= dead_after} if judge is not None else None
     view = JobView(job, asg, rank_view(asg, progress, alive))

@@ -1,8 +1,9 @@
 """What one reconcile pass of the lease holder knows, handed explicitly to everything it calls.
 
 A `Pass` is built at the start of `Scheduler.run_once` and dropped at its end: the store and
-its keys, the lease every write is fenced on, the pass's Redis server time, the idle workers
-(`FreePool`), the live pool (read once, at first need), and the controller's config and id.
+its keys, the lease every write is fenced on, Redis server time as of its latest read, the
+idle workers (`FreePool`), the live pool (read once, at first need), and the controller's
+config and id.
 A `JobView` is one running job as the pass sees it: its record, its current assignment and
 the ranks' reports.
 """
@@ -67,7 +68,9 @@ class Pass:
     cfg: SchedulerConfig
     controller: str  # this replica's id, the `source` of its events
     lease: str  # every write of the pass is fenced on it
-    now: float  # Redis server time at the start of the pass
+    # Redis server time: read at the start of the pass, and again with each running job's
+    # beats (controller/following.py), so a long pass ages no job judged late in it
+    now: float
     pool: FreePool
     actions: WorkerActions | None = None  # outside Redis: the cluster's pods (controller/pods.py)
     _live: list[PoolWorker] | None = field(default=None, repr=False)

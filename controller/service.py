@@ -63,6 +63,14 @@ class Controller:
         self._next_acl_sync = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="reconcile", daemon=True)
+        # Redis's availability is timed by a thread of its own, never by the passes: a long
+        # pass (a big recovery written) is no gap in Redis taking beats (availability.py)
+        self._watcher = threading.Thread(
+            target=self.availability.watch,
+            args=(self.store, self._stop),
+            name="redis-watch",
+            daemon=True,
+        )
         # A failed pass is retried after a jittered exponential wait (0.1 s doubling, at most
         # 2 s), so a Redis outage or a bug is not hammered 4 times a second; stop() ends it.
         self._retrying = Retrying(
@@ -79,11 +87,13 @@ class Controller:
 
     def start(self) -> None:
         self.lease.start()
+        self._watcher.start()
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        self._watcher.join(timeout=5)
         if self.pods is not None:
             self.pods.close()
         self.lease.stop()
@@ -100,7 +110,6 @@ class Controller:
             return
         t0, cpu0 = time.perf_counter(), time.thread_time()
         try:
-            self.availability.probe(self.store)  # every pass: the gaps between passes count
             self.scheduler.run_once(lease)
             self.retention.run_due(lease)
             if self.store.sentinel is not None and time.monotonic() >= self._next_acl_sync:
@@ -109,8 +118,7 @@ class Controller:
                     log.info("copied %d ACL user change(s) to the Redis replicas", changed)
         except Fenced:  # not retried: the next pass finds the lease gone
             log.warning("a write was fenced: another controller leads now")
-        except redis.RedisError as e:
-            self.availability.failed(e)  # logs once per outage
+        except redis.RedisError as e:  # the watcher logs the outage once, and times it
             log.debug("reconcile pass: Redis unavailable (%s); retrying", e)
             raise
         except Exception:  # a bug must not kill the loop; it is logged and retried

@@ -82,9 +82,16 @@ class Assignment:
         ft["min_dp"] = min(ft.get("min_dp", 1), self.shape.dp)
         return {**spec, "parallel": parallel, "fault_tolerance": ft}
 
-    @property
+    @functools.cached_property
     def workers(self) -> list[str]:
+        """The ranks' workers in rank order, then the spares; built once per assignment (a
+        1,024-rank recovery asks often): read it, never change it."""
         return list(dict.fromkeys([r.wid for r in self.ranks] + self.spares))
+
+    @functools.cached_property
+    def rank_workers(self) -> frozenset[str]:
+        """The workers that run ranks (not spares)."""
+        return frozenset(r.wid for r in self.ranks)
 
     def ranks_of(self, wid: str) -> list[RankEntry]:
         return [r for r in self.ranks if r.wid == wid]

@@ -555,27 +555,26 @@ class Store:
         now = self.now() if now is None else now
         return self.r.zrangebyscore(self.keys.workers_seen(), now - within_s, "+inf")
 
-    def last_seen(self, wids: list[str]) -> dict[str, float]:
-        """Last heartbeat (server time) of each of `wids` that has one."""
-        if not wids:
-            return {}
-        return {
-            w: t
-            for w, t in zip(wids, self.r.zmscore(self.keys.workers_seen(), wids), strict=True)
-            if t is not None
-        }
-
-    def alive_among(self, wids: list[str], within_s: float) -> set[str]:
-        """Which of `wids` heartbeat within `within_s` of server time: one round trip, and
+    def beats(self, wids: list[str]) -> tuple[float, dict[str, float]]:
+        """Server time, and the last heartbeat of each of `wids` that has one, in one round
+        trip. The time is read first, so no worker's silence is longer than its beat says.
         O(len(wids)) however big the pool is."""
-        if not wids:
-            return set()
         pipe = self.r.pipeline(transaction=False)
         pipe.time()
-        pipe.zmscore(self.keys.workers_seen(), wids)
-        (s, us), scores = pipe.execute()
-        cutoff = s + us / 1e6 - within_s
-        return {w for w, t in zip(wids, scores, strict=True) if t is not None and t >= cutoff}
+        if wids:  # ZMSCORE needs a member
+            pipe.zmscore(self.keys.workers_seen(), wids)
+        (s, us), *scores = pipe.execute()
+        seen = zip(wids, scores[0], strict=True) if wids else ()
+        return s + us / 1e6, {w: t for w, t in seen if t is not None}
+
+    def last_seen(self, wids: list[str]) -> dict[str, float]:
+        """Last heartbeat (server time) of each of `wids` that has one."""
+        return self.beats(wids)[1] if wids else {}
+
+    def alive_among(self, wids: list[str], within_s: float) -> set[str]:
+        """Which of `wids` heartbeat within `within_s` of server time."""
+        now, seen = self.beats(wids)
+        return {w for w, t in seen.items() if now - t <= within_s}
 
     def _hashes(self, ids: list[str], key_of: Callable[[str], str]) -> dict[str, dict[str, str]]:
         """id -> the hash at `key_of(id)`, in one round trip."""

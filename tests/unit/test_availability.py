@@ -90,3 +90,15 @@ def test_a_restart_between_two_passes_is_told_by_uptime():
     assert not a.steady(2.0)
     passes(a, c, 2.5, uptime0=0 - 10)  # uptime counts on from the restart
     assert a.steady(2.0)
+
+
+def test_an_open_interval_since_the_last_answer_is_a_gap_already():
+    c = Clock()
+    a = RedisAvailability(c)
+    passes(a, c, 5)
+    c.t += 0.9  # the watcher's round trip is in flight (Redis stopped), nothing recorded yet
+    assert a.steady(2.0)  # under dead_after_s / 2: as harmless as a closed gap of that size
+    c.t += 0.2
+    assert not a.steady(2.0)  # the reconcile pass asks first: it must not judge meanwhile
+    a.answered()
+    assert not a.steady(2.0) and a.gaps == 1  # then recorded, it holds judging for a window

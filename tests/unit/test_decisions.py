@@ -132,6 +132,16 @@ def test_completion_records_where_each_rank_restored_from():
     assert "1 steps redone; restored from memory 2, peer 1" in done.message
 
 
+def test_a_mark_one_rank_did_not_report_leaves_its_phases_out():
+    job = Job(id="j", name="j", spec=SPEC, generation=2, recoveries=[open_record()])
+    ranks = [
+        rank(0, rendezvous_at=103.0, ready_at=104.0, first_step_at=105.0, start_step=15),
+        rank(1, ready_at=104.5, first_step_at=106.0, start_step=15),  # no rendezvous_at
+    ]
+    d = faults.complete(job, ranks, 107.0).record.durations
+    assert d == {"detect_s": 1.0, "decide_s": 0.5, "first_step_s": 1.5, "total_s": 6.0}
+
+
 def test_no_completion_until_every_rank_trained_a_step():
     job = Job(id="j", name="j", spec=SPEC, generation=2, recoveries=[open_record()])
     assert faults.complete(job, [rank(0, first_step_at=105.0), rank(1)], 107.0) is None
