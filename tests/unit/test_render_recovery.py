@@ -4,20 +4,12 @@ from __future__ import annotations
 
 from cli import render
 from services.records import RecoveryRecord
+from tests.unit.test_decisions import open_record
 
 
 def record(durations: dict[str, float]) -> RecoveryRecord:
-    return RecoveryRecord(
-        n=1,
-        cause="WorkerDead",
-        action="replace",
-        from_generation=1,
-        to_generation=2,
-        fault_at=1.0,
-        detected_at=5.0,
-        resumed_step=7,
-        steps_lost=1,
-        durations=durations,
+    return open_record().model_copy(
+        update={"resumed_step": 7, "steps_lost": 1, "durations": durations}
     )
 
 
