@@ -47,7 +47,7 @@ log = logging.getLogger("meshkeeper.availability")
 PROBE_S = 0.1  # the watcher's period: well under the tightest dead_after_s / 2 (0.5 s)
 GAP_FLOOR_S = 0.4  # shorter intervals are ordinary scheduling noise, not worth keeping
 LOG_GAP_S = 1.0  # a gap without errors this long is logged
-KEEP_GAPS = 4096  # at one per pass under load, over half an hour of history
+KEEP_GAPS = 4096  # even at one a second (a starved controller), over an hour of history
 
 
 class RedisAvailability:
