@@ -559,13 +559,13 @@ class Store:
         """Server time, and the last heartbeat of each of `wids` that has one, in one round
         trip. The time is read first, so no worker's silence is longer than its beat says.
         O(len(wids)) however big the pool is."""
+        if not wids:  # ZMSCORE needs a member
+            return self.now(), {}
         pipe = self.r.pipeline(transaction=False)
         pipe.time()
-        if wids:  # ZMSCORE needs a member
-            pipe.zmscore(self.keys.workers_seen(), wids)
-        (s, us), *scores = pipe.execute()
-        seen = zip(wids, scores[0], strict=True) if wids else ()
-        return s + us / 1e6, {w: t for w, t in seen if t is not None}
+        pipe.zmscore(self.keys.workers_seen(), wids)
+        (s, us), scores = pipe.execute()
+        return s + us / 1e6, {w: t for w, t in zip(wids, scores, strict=True) if t is not None}
 
     def last_seen(self, wids: list[str]) -> dict[str, float]:
         """Last heartbeat (server time) of each of `wids` that has one."""
@@ -573,6 +573,8 @@ class Store:
 
     def alive_among(self, wids: list[str], within_s: float) -> set[str]:
         """Which of `wids` heartbeat within `within_s` of server time."""
+        if not wids:
+            return set()
         now, seen = self.beats(wids)
         return {w for w, t in seen.items() if now - t <= within_s}
 
