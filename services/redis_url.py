@@ -1,5 +1,6 @@
 """Redis URLs: one server (`redis://`, `rediss://`) or a Sentinel-monitored master
-(`redis+sentinel://`), docs/architecture.md "Redis high availability".
+(`redis+sentinel://`, or `rediss+sentinel://` for TLS to the Sentinels and the data nodes
+alike), docs/architecture.md "Redis high availability".
 
     redis+sentinel://USER:PASSWORD@HOST:PORT[,HOST:PORT...]/SERVICE[/DB][?OPTIONS]
 
@@ -11,6 +12,10 @@
   1000): a write the service must not lose on a failover (a fenced transaction, a job, a
   checkpoint pointer) is acknowledged only after WAIT says that many replicas have it, or
   the timeout has passed (then it is logged: replication is behind).
+- TLS OPTIONS (`rediss+sentinel://` only): `ssl_ca_certs` (the CA that signed the Sentinels'
+  and the data nodes' certificates; the system's CAs when left out), and `ssl_certfile` with
+  `ssl_keyfile` where the servers demand client certificates. Hostnames are checked: the
+  certificates must name the addresses the Sentinels announce.
 
 Redis replicates asynchronously, so without WAIT a failover can drop the last writes the old
 master acknowledged: a new assignment, an accepted job, a committed checkpoint.
@@ -26,6 +31,9 @@ import redis
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
 SENTINEL_SCHEME = "redis+sentinel"
+TLS_SENTINEL_SCHEME = "rediss+sentinel"
+TLS_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+OPTIONS = ("sentinel_username", "sentinel_password", "wait_replicas", "wait_timeout_ms")
 SECRET_OPTIONS = {"sentinel_password", "password"}
 
 
@@ -44,10 +52,11 @@ class SentinelTarget:
     sentinel_password: str | None
     wait_replicas: int
     wait_timeout_ms: int
+    tls: dict[str, Any]  # redis-py's ssl keyword arguments; empty for plain TCP
 
 
 def is_sentinel(url: str) -> bool:
-    return urlsplit(url).scheme == SENTINEL_SCHEME
+    return urlsplit(url).scheme in (SENTINEL_SCHEME, TLS_SENTINEL_SCHEME)
 
 
 def _hostport(s: str) -> tuple[str, int]:
@@ -59,8 +68,11 @@ def _hostport(s: str) -> tuple[str, int]:
 
 def parse_sentinel(url: str) -> SentinelTarget:
     u = urlsplit(url)
-    if u.scheme != SENTINEL_SCHEME:  # TLS to Sentinels (rediss+sentinel) is not built
-        raise RedisURLError(f"Redis URL scheme {u.scheme!r}: use {SENTINEL_SCHEME}://")
+    if not is_sentinel(url):
+        raise RedisURLError(
+            f"Redis URL scheme {u.scheme!r}: use {SENTINEL_SCHEME}:// (or "
+            f"{TLS_SENTINEL_SCHEME}:// for TLS)"
+        )
     creds, _, hosts = u.netloc.rpartition("@")
     user, _, password = creds.partition(":")
     parts = [p for p in u.path.split("/") if p]
@@ -70,17 +82,20 @@ def parse_sentinel(url: str) -> SentinelTarget:
             "path, /SERVICE or /SERVICE/DB (e.g. redis+sentinel://s1:26379,s2:26379/mymaster)"
         )
     options = dict(parse_qsl(u.query))
-    unknown = set(options) - {
-        "sentinel_username",
-        "sentinel_password",
-        "wait_replicas",
-        "wait_timeout_ms",
-    }
+    tls = u.scheme == TLS_SENTINEL_SCHEME
+    unknown = set(options) - {*OPTIONS, *TLS_OPTIONS}
     if unknown:
         raise RedisURLError(
-            f"Redis URL option(s) {sorted(unknown)} are not known; use sentinel_username, "
-            "sentinel_password, wait_replicas or wait_timeout_ms"
+            f"Redis URL option(s) {sorted(unknown)} are not known; use one of "
+            f"{', '.join((*OPTIONS, *TLS_OPTIONS))}"
         )
+    if not tls and set(options) & set(TLS_OPTIONS):
+        raise RedisURLError(
+            f"Redis URL option(s) {sorted(set(options) & set(TLS_OPTIONS))} need TLS: write the "
+            f"URL as {TLS_SENTINEL_SCHEME}://"
+        )
+    if ("ssl_certfile" in options) != ("ssl_keyfile" in options):
+        raise RedisURLError("Redis URL ssl_certfile and ssl_keyfile go together: give both")
     try:
         wait_replicas = int(options.get("wait_replicas", 1))
         wait_timeout_ms = int(options.get("wait_timeout_ms", 1000))
@@ -101,6 +116,7 @@ def parse_sentinel(url: str) -> SentinelTarget:
         sentinel_password=options.get("sentinel_password"),
         wait_replicas=wait_replicas,
         wait_timeout_ms=wait_timeout_ms,
+        tls={"ssl": True, **{k: v for k, v in options.items() if k in TLS_OPTIONS}} if tls else {},
     )
 
 
@@ -110,6 +126,7 @@ def sentinel_for(t: SentinelTarget, socket_timeout: float) -> Sentinel:
         t.sentinels,
         sentinel_kwargs={
             **{k: v for k, v in auth.items() if v},
+            **t.tls,
             "socket_timeout": socket_timeout,
             "socket_connect_timeout": socket_timeout,
         },
@@ -129,6 +146,7 @@ def connect(url: str, **connection_kwargs: Any) -> tuple[redis.Redis, SentinelTa
         db=t.db,
         username=t.username,
         password=t.password,
+        **t.tls,
         **connection_kwargs,
     )
     return redis.Redis(connection_pool=pool), t
@@ -144,6 +162,7 @@ def replica_clients(t: SentinelTarget, **connection_kwargs: Any) -> list[redis.R
             db=t.db,
             username=t.username,
             password=t.password,
+            **t.tls,
             **connection_kwargs,
         )
         for host, port in sentinel.discover_slaves(t.service)

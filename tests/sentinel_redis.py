@@ -2,7 +2,9 @@
 on free ports, auth on everywhere, as docs/architecture.md "Redis high availability" deploys
 it. Every data node gets the same aclfile (services/store.py `acl_file` with the replication
 users); the Sentinels allow anonymous nothing, clients only discovery (`discover`), and one
-another everything (`peer`)."""
+another everything (`peer`). With `tls` (a certificate for 127.0.0.1 that is its own CA, and
+its key) every node and Sentinel serves only TLS, replicates and monitors over it, and the URLs
+are rediss+sentinel://."""
 
 from __future__ import annotations
 
@@ -42,16 +44,25 @@ class SentinelRedis:
     """`url` (admin) and `controller_url` are redis+sentinel:// URLs; `proc` is the process
     of the master the Sentinels started with (what a test kills)."""
 
-    def __init__(self, work: Path, secrets: TestSecrets, prefix: str = "mk:"):
-        self.work, self.secrets, self.prefix = work, secrets, prefix
+    def __init__(
+        self,
+        work: Path,
+        secrets: TestSecrets,
+        prefix: str = "mk:",
+        tls: tuple[Path, Path] | None = None,
+    ):
+        self.work, self.secrets, self.prefix, self.tls = work, secrets, prefix, tls
         self.replication_password, self.discover_password = new_token(), new_token()
         self.peer_password = new_token()
         self.node_ports = [free_port(), free_port()]
         self.sentinel_ports = [free_port() for _ in range(3)]
         sentinels = ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports)
+        scheme, ca = (
+            ("rediss+sentinel", f"&ssl_ca_certs={tls[0]}") if tls else ("redis+sentinel", "")
+        )
         base = (
-            f"redis+sentinel://{sentinels}/{SERVICE}/0"
-            f"?sentinel_username=discover&sentinel_password={self.discover_password}"
+            f"{scheme}://{sentinels}/{SERVICE}/0"
+            f"?sentinel_username=discover&sentinel_password={self.discover_password}{ca}"
         )
         self.url = with_credentials(base, "admin", secrets.redis_admin_password)
         self.controller_url = with_credentials(
@@ -78,7 +89,8 @@ class SentinelRedis:
             (d / "users.acl").write_text(users)
             argv = [
                 exe,
-                *("--port", str(port), "--bind", "127.0.0.1", "--dir", str(d)),
+                *self._ports(port),
+                *("--bind", "127.0.0.1", "--dir", str(d)),
                 *("--save", "", "--appendonly", "yes", "--appendfsync", "always"),
                 *("--aclfile", str(d / "users.acl")),
                 *("--masteruser", "replica", "--masterauth", self.replication_password),
@@ -103,18 +115,32 @@ class SentinelRedis:
                     peer=self.peer_password,
                 )
             )
-            self.sentinels.append(Proc(f"sentinel{i}", [exe, str(conf), "--sentinel"], self.work))
+            argv = [exe, str(conf), "--sentinel", *self._ports(port)]
+            self.sentinels.append(Proc(f"sentinel{i}", argv, self.work))
         wait_until(self._watched, 30, "every Sentinel to see the master, its replica and peers")
+
+    def _ports(self, port: int) -> list[str]:
+        """A server's listening options: `port` in the clear, or only TLS there (replicating
+        and monitoring over TLS too)."""
+        if not self.tls:
+            return ["--port", str(port)]
+        cert, key = (str(f) for f in self.tls)
+        return [
+            *("--port", "0", "--tls-port", str(port), "--tls-replication", "yes"),
+            *("--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", cert),
+            *("--tls-auth-clients", "no"),
+        ]
+
+    def client(self, port: int, **kw) -> redis.Redis:
+        """A client of the server at `port`, over TLS when the deployment is."""
+        tls = {"ssl": True, "ssl_ca_certs": str(self.tls[0])} if self.tls else {}
+        return redis.Redis("127.0.0.1", port, decode_responses=True, socket_timeout=2, **tls, **kw)
 
     def _in_sync(self) -> bool:
         """The replica's link to the master is up: its first full sync is done (until then a
         failover would promote an empty replica)."""
-        with redis.Redis(
-            port=self.node_ports[1],
-            username="admin",
-            password=self.secrets.redis_admin_password,
-            decode_responses=True,
-            socket_timeout=2,
+        with self.client(
+            self.node_ports[1], username="admin", password=self.secrets.redis_admin_password
         ) as r:
             try:
                 return r.info("replication").get("master_link_status") == "up"
@@ -122,13 +148,7 @@ class SentinelRedis:
                 return False
 
     def _sentinel(self, port: int) -> redis.Redis:
-        return redis.Redis(
-            port=port,
-            username="discover",
-            password=self.discover_password,
-            decode_responses=True,
-            socket_timeout=2,
-        )
+        return self.client(port, username="discover", password=self.discover_password)
 
     def _watched(self) -> bool:
         for port in self.sentinel_ports:

@@ -72,9 +72,26 @@ def test_a_sentinel_url_keeps_its_sentinels_when_credentials_change_and_hides_se
         ("redis+sentinel://s1/mk", "HOST:PORT"),
         ("redis+sentinel://s1:26379/mk?wait_replica=1", "wait_replica"),
         ("redis+sentinel://s1:26379/mk?wait_timeout_ms=0", "wait_timeout_ms"),
-        ("rediss+sentinel://s1:26379/mk", "redis+sentinel://"),
+        ("redis://s1:26379/mk", "redis+sentinel://"),
+        ("redis+sentinel://s1:26379/mk?ssl_ca_certs=/ca.pem", "rediss+sentinel://"),
+        ("rediss+sentinel://s1:26379/mk?ssl_certfile=/c.pem", "ssl_keyfile"),
     ],
 )
 def test_a_bad_sentinel_url_is_refused_naming_the_part_to_fix(url, names):
     with pytest.raises(RedisURLError, match=re.escape(names)):
         parse_sentinel(url)
+
+
+def test_a_tls_sentinel_url_carries_its_ca_and_client_certificate_to_every_connection():
+    t = parse_sentinel(
+        "rediss+sentinel://controller:s3cret@s1:26380,s2:26380/mk"
+        "?ssl_ca_certs=/etc/ca.pem&ssl_certfile=/etc/c.pem&ssl_keyfile=/etc/k.pem"
+    )
+    assert t.tls == {
+        "ssl": True,
+        "ssl_ca_certs": "/etc/ca.pem",
+        "ssl_certfile": "/etc/c.pem",
+        "ssl_keyfile": "/etc/k.pem",
+    }
+    assert parse_sentinel("rediss+sentinel://s1:26380/mk").tls == {"ssl": True}
+    assert parse_sentinel("redis+sentinel://s1:26379/mk").tls == {}
