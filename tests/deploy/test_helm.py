@@ -408,11 +408,17 @@ def test_pods_roll_when_the_generated_secret_changes():
     )
 
 
+def redis_script(objs, name: str) -> str:
+    """A data node's start-up script, as the chart's ConfigMap mounts it at /scripts."""
+    return one(objs, "ConfigMap", "-redis-scripts")["data"][name]
+
+
 def _redis_acl_script(objs) -> tuple[str, dict[str, str], list[str]]:
     sts = one(objs, "StatefulSet", "-redis")
     [init] = sts["spec"]["template"]["spec"]["initContainers"]
+    assert init["command"] == ["sh", "/scripts/aclfile.sh"]
     env = {e["name"]: e.get("value") for e in init["env"]}
-    return init["command"][-1], env, container(sts)["args"]
+    return redis_script(objs, "aclfile.sh"), env, container(sts)["args"]
 
 
 def test_the_controller_redis_user_matches_the_store():
@@ -433,7 +439,7 @@ def test_redis_starts_with_auth_required_and_keeps_joined_agents(tmp_path):
     script, env, args = _redis_acl_script(objects())
     data = tmp_path / "data"
     data.mkdir()
-    script = script.replace("/data/", f"{data}/")
+    env["DATA"] = str(data)
     args = [a.replace("/data", str(data)) for a in args]
 
     def start(admin: str, controller: str):

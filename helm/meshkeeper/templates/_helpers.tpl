@@ -64,7 +64,16 @@ $(VAR) from a variable defined before it); an external URL from its Secret. Only
 controller gets one: agents join through the controller and receive their own Redis user.
 */}}
 {{- define "meshkeeper.redisEnv" -}}
-{{- if .Values.redis.enabled }}
+{{- if and .Values.redis.enabled .Values.redis.sentinel.enabled }}
+{{- include "meshkeeper.authEnv" (dict "ctx" . "name" "MESHKEEPER_REDIS_PASSWORD" "key" "redis-controller-password") }}
+{{ include "meshkeeper.authEnv" (dict "ctx" . "name" "MESHKEEPER_REDIS_SENTINEL_PASSWORD" "key" "redis-sentinel-password") }}
+{{- $sentinels := list }}
+{{- range $node := splitList " " (include "meshkeeper.redisNodes" .) }}
+{{- $sentinels = append $sentinels (printf "%s:26379" $node) }}
+{{- end }}
+- name: REDIS_URL
+  value: {{ printf "redis+sentinel://controller:$(MESHKEEPER_REDIS_PASSWORD)@%s/%s/0?sentinel_username=discover&sentinel_password=$(MESHKEEPER_REDIS_SENTINEL_PASSWORD)" (join "," $sentinels) .Values.redis.sentinel.masterSet | quote }}
+{{- else if .Values.redis.enabled }}
 {{- include "meshkeeper.authEnv" (dict "ctx" . "name" "MESHKEEPER_REDIS_PASSWORD" "key" "redis-controller-password") }}
 - name: REDIS_URL
   value: {{ printf "redis://controller:$(MESHKEEPER_REDIS_PASSWORD)@%s-redis:6379/0" (include "meshkeeper.fullname" .) | quote }}
@@ -77,7 +86,8 @@ controller gets one: agents join through the controller and receive their own Re
 {{- end }}
 {{- end }}
 
-{{/* The Secret with api-token, scrape-token, join-token and the two Redis passwords. */}}
+{{/* The Secret with api-token, scrape-token, join-token and the two Redis passwords (five
+under Sentinel: also replication, sentinel (clients' discovery) and sentinel-peer). */}}
 {{- define "meshkeeper.authSecretName" -}}
 {{- default (printf "%s-auth" (include "meshkeeper.fullname" .)) .Values.auth.existingSecret }}
 {{- end }}
@@ -93,6 +103,11 @@ installed Secret already holds (lookup: kept across upgrades), else a fresh rand
 {{- $existing := (lookup "v1" "Secret" .Release.Namespace (include "meshkeeper.authSecretName" .)).data | default dict }}
 {{- $a := .Values.auth }}
 {{- $given := dict "api-token" $a.apiToken "scrape-token" $a.scrapeToken "join-token" $a.joinToken "redis-admin-password" $a.redisAdminPassword "redis-controller-password" $a.redisControllerPassword }}
+{{- if and .Values.redis.enabled .Values.redis.sentinel.enabled }}
+{{- $_ := set $given "redis-replication-password" $a.redisReplicationPassword }}
+{{- $_ := set $given "redis-sentinel-password" $a.redisSentinelPassword }}
+{{- $_ := set $given "redis-sentinel-peer-password" $a.redisSentinelPeerPassword }}
+{{- end }}
 {{- $data := dict }}
 {{- range $key, $value := $given }}
 {{- $_ := set $data $key (ternary (b64enc $value) (get $existing $key | default (randAlphaNum 40 | b64enc)) (ne $value "")) }}
@@ -135,6 +150,15 @@ checksum/auth: {{ include "meshkeeper.authData" . | sha256sum }}
 {{- if and .Values.redis.enabled (or .Values.externalRedis.url .Values.externalRedis.existingSecret) }}
 {{- fail "externalRedis is set but redis.enabled is true: set redis.enabled=false to use the external Redis" }}
 {{- end }}
+{{- $s := .Values.redis.sentinel }}
+{{- if and .Values.redis.enabled $s.enabled }}
+{{- if not .Values.redis.persistence.enabled }}
+{{- fail "redis.sentinel needs redis.persistence.enabled: a master restarting empty before the Sentinels notice would have its replicas copy the empty data set" }}
+{{- end }}
+{{- if or (lt (int $s.quorum) 1) (gt (int $s.quorum) (int $s.replicas)) }}
+{{- fail (printf "redis.sentinel.quorum %d: give 1 to redis.sentinel.replicas (%d); a majority (2 of 3) survives one lost node" (int $s.quorum) (int $s.replicas)) }}
+{{- end }}
+{{- end }}
 {{- if and .Values.externalRedis.url .Values.externalRedis.existingSecret }}
 {{- fail "set one of externalRedis.url and externalRedis.existingSecret, not both" }}
 {{- end }}
@@ -147,4 +171,73 @@ checks): the controller creates one user per joined agent and saves them to the 
 */}}
 {{- define "meshkeeper.controllerACL" -}}
 {{ printf "~%s* &%s* +@all -@dangerous +info +acl|setuser +acl|deluser +acl|getuser +acl|save +acl|list +client|kill" .Values.keyPrefix .Values.keyPrefix }}
+{{- end }}
+
+{{/*
+The init container of every data node: files/redis/aclfile.sh writes the users file (the
+admin and controller users; under Sentinel also `replica` and `sentinel`, services/store.py
+acl_file) and keeps the agent users the controller saved.
+*/}}
+{{- define "meshkeeper.redisAclInit" -}}
+{{- $r := .Values.redis }}
+- name: aclfile
+  image: {{ printf "%s:%s" $r.image.repository $r.image.tag }}
+  imagePullPolicy: {{ $r.image.pullPolicy }}
+  command: [sh, /scripts/aclfile.sh]
+  env:
+    - {name: DATA, value: /data}
+    {{- include "meshkeeper.authEnv" (dict "ctx" . "name" "ADMIN_PASSWORD" "key" "redis-admin-password") | nindent 4 }}
+    {{- include "meshkeeper.authEnv" (dict "ctx" . "name" "CONTROLLER_PASSWORD" "key" "redis-controller-password") | nindent 4 }}
+    - {name: CONTROLLER_ACL, value: {{ include "meshkeeper.controllerACL" . | quote }}}
+    {{- if $r.sentinel.enabled }}
+    {{- include "meshkeeper.authEnv" (dict "ctx" . "name" "REPLICATION_PASSWORD" "key" "redis-replication-password") | nindent 4 }}
+    - {name: REPLICA_ACL, value: {{ include "meshkeeper.replicaACL" . | quote }}}
+    - {name: SENTINEL_ACL, value: {{ include "meshkeeper.sentinelACL" . | quote }}}
+    {{- end }}
+  resources: {{- toYaml $r.resources | nindent 4 }}
+  securityContext: {{- toYaml .Values.securityContext | nindent 4 }}
+  volumeMounts:
+    - {name: data, mountPath: /data}
+    - {name: scripts, mountPath: /scripts, readOnly: true}
+{{- end }}
+
+{{/* What a replica may run on its master, and the Sentinels on a data node: services/store.py
+acl_file (test_helm_sentinel.py checks they agree). */}}
+{{- define "meshkeeper.replicaACL" -}}
++psync +replconf +ping
+{{- end }}
+{{- define "meshkeeper.sentinelACL" -}}
+&* +multi +slaveof +ping +exec +subscribe +config|rewrite +role +publish +info +client|setname +client|kill +script|kill
+{{- end }}
+
+{{/* The data nodes' stable names under the headless Service, space-separated (Sentinel mode). */}}
+{{- define "meshkeeper.redisNodes" -}}
+{{- $fn := include "meshkeeper.fullname" . }}
+{{- $nodes := list }}
+{{- range $i := until (int .Values.redis.sentinel.replicas) }}
+{{- $nodes = append $nodes (printf "%s-redis-%d.%s-redis.%s.svc" $fn $i $fn $.Release.Namespace) }}
+{{- end }}
+{{- join " " $nodes }}
+{{- end }}
+
+{{/* What files/redis/node.sh and sentinel.sh read (Sentinel mode). */}}
+{{- define "meshkeeper.redisSentinelEnv" -}}
+{{- $s := .Values.redis.sentinel }}
+{{- $fn := include "meshkeeper.fullname" . }}
+- {name: DATA, value: /data}
+- name: POD_NAME
+  valueFrom: {fieldRef: {fieldPath: metadata.name}}
+- {name: SELF, value: {{ printf "$(POD_NAME).%s-redis.%s.svc" $fn .Release.Namespace | quote }}}
+- {name: NODE0, value: {{ printf "%s-redis-0.%s-redis.%s.svc" $fn $fn .Release.Namespace | quote }}}
+- {name: SENTINELS, value: {{ include "meshkeeper.redisNodes" . | quote }}}
+- {name: MASTER_SET, value: {{ $s.masterSet | quote }}}
+- {name: QUORUM, value: {{ $s.quorum | quote }}}
+- {name: DOWN_AFTER_MS, value: {{ $s.downAfterMilliseconds | quote }}}
+- {name: FAILOVER_TIMEOUT_MS, value: {{ $s.failoverTimeoutMilliseconds | quote }}}
+- {name: REDIS_PORT, value: "6379"}
+- {name: SENTINEL_PORT, value: "26379"}
+- {name: BIND, value: "* -::*"}
+{{ include "meshkeeper.authEnv" (dict "ctx" . "name" "REPLICATION_PASSWORD" "key" "redis-replication-password") }}
+{{ include "meshkeeper.authEnv" (dict "ctx" . "name" "DISCOVER_PASSWORD" "key" "redis-sentinel-password") }}
+{{ include "meshkeeper.authEnv" (dict "ctx" . "name" "PEER_PASSWORD" "key" "redis-sentinel-peer-password") }}
 {{- end }}
