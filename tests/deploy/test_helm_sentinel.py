@@ -93,11 +93,17 @@ class ChartSet:
             env = {k: v.replace(name, addr) for k, v in env.items()}
         data = self.work / f"data-{ordinal}"
         data.mkdir(exist_ok=True)
-        ports = {"REDIS_PORT": str(self.redis_port), "SENTINEL_PORT": str(self.sentinel_port)}
+        local = {"PATH": "/usr/bin:/bin", **env, "DATA": str(data)}
         if container == "aclfile":
-            return {"PATH": "/usr/bin:/bin", **env, "DATA": str(data)}
+            return local
         assert env["BIND"] == "* -::*" and env["REDIS_PORT"] == "6379"
-        return {"PATH": "/usr/bin:/bin", **env, **ports, "BIND": ADDRESSES[ordinal], "DATA": str(data)}
+        # this machine's own ports and address in place of the pod's
+        return {
+            **local,
+            "REDIS_PORT": str(self.redis_port),
+            "SENTINEL_PORT": str(self.sentinel_port),
+            "BIND": ADDRESSES[ordinal],
+        }
 
     def start(self, ordinal: int) -> None:
         """One pod: the init container to completion, then its two containers."""
