@@ -63,10 +63,14 @@ def live_pool(store: Store, alive_s: float) -> list[PoolWorker]:
     Only workers registered at a join count; their join-time fields are all it reads."""
     wids = sorted(store.alive_workers(alive_s), key=natural_key)
     infos = store.registrations(wids)
+    return pool_of({w: infos[w] for w in wids if w in infos})
+
+
+def pool_of(infos: dict[str, dict[str, str]]) -> list[PoolWorker]:
+    """The workers of these registrations (join-time fields), in their order."""
     return [
         _pool_worker(w, i.get("devices"), i.get("memory_bytes"), i.get("device_kind"))
-        for w in wids
-        if (i := infos.get(w)) is not None
+        for w, i in infos.items()
     ]
 
 

@@ -150,7 +150,8 @@ def start_generation(
     infos = registered(ctx, wids)
     master = infos[layout.ranks[0].wid].get("address", "127.0.0.1")
     gen = job.generation + 1
-    shrunk = layout.shape.dp != job.target_dp
+    p = job.spec.parallel
+    reshaped = (layout.shape.dp, layout.shape.pp, layout.shape.tp) != (p.dp, p.pp, p.tp)
     snap = job.spec.snapshot
     host_of = {w: registered_host(infos[w]) for w in wids}
     buddies = (
@@ -166,13 +167,22 @@ def start_generation(
         layout.ranks,
         layout.spares,
         tp_split,
-        layout.microbatches if shrunk else None,
+        layout.microbatches if reshaped else None,
         buddies,
         old.generation if sources is not None else None,
         sources,
     )
     job.generation = gen
-    job.current = {"dp": layout.shape.dp, "microbatches": layout.microbatches} if shrunk else {}
+    job.current = (
+        {
+            "dp": layout.shape.dp,
+            "pp": layout.shape.pp,
+            "tp": layout.shape.tp,
+            "microbatches": layout.microbatches,
+        }
+        if reshaped
+        else {}
+    )
     where = _where(asg)
     job.set(
         "Running",

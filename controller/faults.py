@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from controller import aborts, health, quarantine
+from controller import aborts, health, quarantine, replan
 from controller.decisions import (
     Complete,
     Decision,
@@ -108,7 +108,12 @@ def recover(ctx: Pass, view: JobView, faults: list[FaultRecord]) -> Decision:
     return Recover(layout, record, REASONS[action], _message(first, action, layout), blame)
 
 
-REASONS = {"replace": "ReplacingRank", "shrink": "ShrinkingDP", "restart": "Restarting"}
+REASONS = {
+    "replace": "ReplacingRank",
+    "shrink": "ShrinkingDP",
+    "replan": "Replanning",
+    "restart": "Restarting",
+}
 
 
 def plan(ctx: Pass, job: Job, asg: Assignment, bad: set[str]) -> tuple[Layout | None, str]:
@@ -137,20 +142,46 @@ def plan(ctx: Pass, job: Job, asg: Assignment, bad: set[str]) -> tuple[Layout | 
         return Layout(
             layout.shape, layout.ranks, layout.microbatches, {}, keep + layout.spares
         ), "shrink"
-    return None, "wait"
+    layout = replanned(ctx, job, asg, bad, spares, host_of)
+    return layout, "replan" if layout is not None else "wait"
+
+
+def replanned(
+    ctx: Pass,
+    job: Job,
+    asg: Assignment,
+    bad: set[str],
+    spares: list[FreeWorker],
+    host_of: dict[str, str],
+) -> Layout | None:
+    """Another layout on the job's healthy workers, its ranks' first, then its live spares
+    (controller/replan.py)."""
+    mine = [w for w in dict.fromkeys(r.wid for r in asg.ranks) if w not in bad]
+    infos = registered(ctx, mine + [s.wid for s in spares])
+    healthy = [
+        FreeWorker(
+            w,
+            host_of.get(w, "?"),
+            infos[w].get("address", "127.0.0.1"),
+            int(infos[w].get("devices", 1)),
+        )
+        for w in mine
+    ]
+    return replan.replan(job.spec, healthy + spares, replan.cluster_of(infos))
 
 
 def wait_for_capacity(job: Job, record: RecoveryRecord, blame: Blame) -> WaitForCapacity:
-    """No spare and dp at min_dp: stop this generation and wait for workers; the
-    scheduler places the job again (at its current dp) as soon as they fit."""
-    p, ft = job.spec.parallel, job.spec.fault_tolerance
+    """No spare, dp at min_dp and no re-plan fits: stop this generation and wait for
+    workers; the scheduler places the job again (at its current layout) once they fit."""
+    ft = job.spec.fault_tolerance
     lost = len({f.coord["dp"] for f in record.faults})
     msg = (
         f"{record.faults[0].detail}; no spare, and dropping the {lost} DP replica(s) "
         f"that lost ranks would leave dp={job.dp - lost} < min_dp={ft.min_dp} (or not "
-        f"divide the global batch): waiting for {job.dp * p.pp * p.tp} workers"
+        f"divide the global batch), and no other layout fits the healthy workers: waiting "
+        f"for {job.ranks} workers"
     )
-    record.action, record.to_shape = "wait", [job.dp, p.pp, p.tp]
+    record.action, record.to_shape = "wait", [job.dp, job.pp, job.tp]
     return WaitForCapacity(record, msg, blame)
 
 
@@ -358,4 +389,11 @@ def _message(first: FaultRecord, action: str, layout: Layout) -> str:
         return f"{what}; spare promoted into the same coordinates ({moves})"
     if action == "shrink":
         return f"{what}; no spare: dp shrinks to {layout.shape.dp}, global batch kept"
+    if action == "replan":
+        s = layout.shape
+        return (
+            f"{what}; no spare and dp cannot drop: re-planned to dp={s.dp} pp={s.pp} "
+            f"tp={s.tp} (microbatches {layout.microbatches}) on the healthy workers, global "
+            "batch kept"
+        )
     return f"{what}; restarting the same mesh"

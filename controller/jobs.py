@@ -72,14 +72,24 @@ class Job:
     def target_dp(self) -> int:
         return self.spec.parallel.dp
 
+    # The current generation's degrees where a recovery changed them from the spec's (dp
+    # shrunk, or re-planned: controller/replan.py); `current` is empty otherwise.
     @property
     def dp(self) -> int:
         return int(self.current.get("dp", self.target_dp))
 
     @property
+    def pp(self) -> int:
+        return int(self.current.get("pp", self.spec.parallel.pp))
+
+    @property
+    def tp(self) -> int:
+        return int(self.current.get("tp", self.spec.parallel.tp))
+
+    @property
     def ranks(self) -> int:
-        """Ranks at the current dp (what quotas count)."""
-        return self.dp * self.spec.parallel.pp * self.spec.parallel.tp
+        """Ranks of the current layout (what quotas count)."""
+        return self.dp * self.pp * self.tp
 
     @property
     def microbatches(self) -> int | None:

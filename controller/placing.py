@@ -53,7 +53,7 @@ def held_workers(store: Store, jobs: list[Job]) -> frozenset[str]:
 def try_start(ctx: Pass, job: Job) -> Placement | None:
     """Start `job` on workers of the pass's pool (and take them), if they fit."""
     p = job.spec.parallel
-    shape = MeshShape(job.dp, p.pp, p.tp, p.ep)  # smaller than the spec's after a shrink
+    shape = MeshShape(job.dp, job.pp, job.tp, p.ep)  # after a shrink or re-plan: not the spec's
     placed = place(shape, job.spec.fault_tolerance.spares, ctx.pool.workers)
     if placed is None:
         return None

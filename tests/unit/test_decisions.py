@@ -168,7 +168,7 @@ def test_waiting_for_capacity_names_the_lost_replicas_and_the_workers_needed():
     assert d.message == (
         "WorkerDead of rank 1; no spare, and dropping the 1 DP replica(s) that "
         "lost ranks would leave dp=1 < min_dp=1 (or not divide the global "
-        "batch): waiting for 2 workers"
+        "batch), and no other layout fits the healthy workers: waiting for 2 workers"
     )
 
 
