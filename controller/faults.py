@@ -167,6 +167,8 @@ def replanned(
         )
         for w in mine
     ]
+    if not healthy + spares:
+        return None
     return replan.replan(job.spec, healthy + spares, replan.cluster_of(infos))
 
 

@@ -9,13 +9,14 @@ the same spec (tests/launch.py), bit for bit when the mesh never changed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -185,6 +186,23 @@ def completed(rec) -> None:
 
 def events(stack: Stack, jid: str) -> list:
     return stack.client.events(jid, limit=1000)
+
+
+@contextlib.contextmanager
+def pool_cut_to(stack: Stack, n: int) -> Iterator[None]:
+    """Only `n` idle workers left: the other agents are frozen (hosts gone silent) until the
+    block ends, so a recovery finds no worker outside the job."""
+    frozen = [stack.agents[wid] for wid in stack.idle_workers()[n:]]
+    for agent in frozen:
+        agent.kill(signal.SIGSTOP)
+    try:
+        wait_until(
+            lambda: len(free_pool(stack)) == n, 30, "the frozen workers to leave the free pool"
+        )
+        yield
+    finally:
+        for agent in frozen:
+            agent.kill(signal.SIGCONT)
 
 
 def free_pool(stack: Stack) -> list[str]:

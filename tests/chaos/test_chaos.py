@@ -27,12 +27,12 @@ from tests.chaos.chaos import (
     deprioritize,
     disk_only,
     events,
-    free_pool,
     gone,
     kill,
     mesh_spec,
     metrics_path,
     pin,
+    pool_cut_to,
     rank,
     records,
     start,
@@ -379,13 +379,7 @@ def test_no_spare_dp_shrinks_then_grows_back(stack, uninterrupted):
     # 25 steps: checkpoints still to come after the worker returns (the grow resumes at one)
     spec = mesh_spec("chaos-shrink", steps=25, parallel=DP_TP, spares=0)
     want = uninterrupted(spec)
-    frozen = [stack.agents[wid] for wid in stack.idle_workers()[4:]]
-    for agent in frozen:
-        agent.kill(signal.SIGSTOP)
-    try:
-        wait_until(
-            lambda: len(free_pool(stack)) == 4, 30, "the frozen workers to leave the free pool"
-        )
+    with pool_cut_to(stack, 4):
         w, j1 = start(stack, spec)
         assert len({r.worker for r in j1.mesh.ranks}) == 4 and not j1.mesh.spares
         victim = rank(j1, 3)  # dp=1, tp=1
@@ -407,9 +401,6 @@ def test_no_spare_dp_shrinks_then_grows_back(stack, uninterrupted):
         returned_at = w.poll().last_checkpoint.step
         stack.restart_agent(victim.worker)
         j = w.finish(400)
-    finally:
-        for agent in frozen:
-            agent.kill(signal.SIGCONT)
     succeeded(stack, j)
     assert [(r.cause, r.action) for r in j.recoveries] == [
         ("WorkerDead", "shrink"),
@@ -425,6 +416,36 @@ def test_no_spare_dp_shrinks_then_grows_back(stack, uninterrupted):
     assert grow.resumed_step > returned_at, (grow, returned_at)
     assert {r.worker for r in j.mesh.ranks} == {r.worker for r in j1.mesh.ranks}
     assert len(j.mesh.ranks) == 4
+    assert_curve(stack, j, want, exact=False)
+
+
+# -- 9b -----------------------------------------------------------------------------------
+def test_no_spare_and_dp_at_min_dp_replans_to_another_pipeline_depth(stack, uninterrupted):
+    """dp2 x pp2 with min_dp 2, no spare and no idle worker: a dead worker's replica cannot
+    be dropped, so the controller re-plans (controller/replan.py) instead of waiting: dp2 x
+    pp1 on the three healthy workers, the third kept as the job's spare. The job resumes from
+    its checkpoint resharded to the new pipeline depth and finishes with the loss curve of an
+    uninterrupted run (rtol 1e-5: another mesh)."""
+    spec = mesh_spec(
+        "chaos-replan", parallel={"dp": 2, "pp": 2, "microbatches": 2}, spares=0, min_dp=2
+    )
+    want = uninterrupted(spec)
+    with pool_cut_to(stack, 4):
+        w, j1 = start(stack, spec)
+        victim = rank(j1, 3)  # dp=1, pp=1
+        wait_record(metrics_path(stack, j1, 3), at_step(EVERY + 1), 180, "rank 3 past a commit")
+        w.until(lambda j: j.last_checkpoint, 60, "a committed checkpoint")
+        stack.kill_worker(victim.worker, [victim.pid])
+        j = w.finish(400)
+    succeeded(stack, j)
+    [rec] = j.recoveries
+    assert (rec.cause, rec.action, rec.to_shape) == ("WorkerDead", "replan", [2, 1, 1]), rec
+    completed(rec)
+    started = [e.message for e in events(stack, j.id) if e.reason == "RecoveryStarted"]
+    assert len(started) == 1 and "re-planned to dp=2 pp=1 tp=1" in started[0], started
+    healthy = {r.worker for r in j1.mesh.ranks} - {victim.worker}
+    assert {r.worker for r in j.mesh.ranks} | set(j.mesh.spares) == healthy
+    assert len(j.mesh.ranks) == 2 and j.restarts == 1
     assert_curve(stack, j, want, exact=False)
 
 
