@@ -130,27 +130,13 @@ class ChartSet:
             p.kill(signal.SIGKILL)
 
     def node(self, ordinal: int) -> redis.Redis:
-        return redis.Redis(
-            ADDRESSES[ordinal],
-            self.redis_port,
-            username="admin",
-            password=SECRETS["redis-admin-password"],
-            decode_responses=True,
-            socket_timeout=2,
-        )
+        return _client(ordinal, self.redis_port, "admin", "redis-admin-password")
 
     def masters_named(self) -> list[str | None]:
         """The master's address as each running Sentinel names it."""
         named = []
         for ordinal in self.pods:
-            with redis.Redis(
-                ADDRESSES[ordinal],
-                self.sentinel_port,
-                username="discover",
-                password=SECRETS["redis-sentinel-password"],
-                decode_responses=True,
-                socket_timeout=2,
-            ) as s:
+            with _client(ordinal, self.sentinel_port, "discover", "redis-sentinel-password") as s:
                 try:
                     m = s.sentinel_master("mk")
                 except redis.RedisError:
@@ -175,6 +161,17 @@ class ChartSet:
 
     def close(self) -> None:
         stop_all([p.p for procs in self.pods.values() for p in procs], 5)
+
+
+def _client(ordinal: int, port: int, user: str, secret: str) -> redis.Redis:
+    return redis.Redis(
+        ADDRESSES[ordinal],
+        port,
+        username=user,
+        password=SECRETS[secret],
+        decode_responses=True,
+        socket_timeout=2,
+    )
 
 
 @pytest.fixture(scope="module")
