@@ -166,10 +166,8 @@ def replanned(
             int(infos[w].get("devices", 1)),
         )
         for w in mine
-    ]
-    if not healthy + spares:
-        return None
-    return replan.replan(job.spec, healthy + spares, replan.cluster_of(infos))
+    ] + spares
+    return replan.replan(job.spec, healthy, replan.cluster_of(infos)) if healthy else None
 
 
 def wait_for_capacity(job: Job, record: RecoveryRecord, blame: Blame) -> WaitForCapacity:

@@ -45,6 +45,7 @@ def replan(spec: JobSpec, healthy: list[FreeWorker], cluster: planner.Cluster) -
         plans = planner.search(spec, cluster)
     except SpecError:  # too many layouts to weigh: the job waits, as before
         return None
+    host_of = {w.wid: w.host for w in healthy}
     for plan in plans:
         lay = plan.layout
         if not switchable(spec, lay):
@@ -54,7 +55,6 @@ def replan(spec: JobSpec, healthy: list[FreeWorker], cluster: planner.Cluster) -
         if placed is None:
             continue
         used = {r.wid for r in placed.ranks}
-        host_of = {w.wid: w.host for w in healthy}
         spares = [w.wid for w in healthy if w.wid not in used]
         return Layout(shape, with_local_world(placed.ranks, host_of), lay.microbatches, {}, spares)
     return None
