@@ -106,7 +106,10 @@ def step_cost(spec: JobSpec, layout: Layout, cluster: Cluster) -> StepCost:
     local = (m.layers // pp) * (sharded // tp + replicated) + m.vocab * d // (
         tp if vocab_sharded(spec, tp) else 1
     )
-    syncs = mb if pp == 1 else 1  # the trainer's pp=1 loop reduces every microbatch
+    # The trainer reduces every microbatch's gradients at pp 1, and under a pipeline at zero 3
+    # too (worker/trainer/pipeline.py: ShardedStage); zero 0 and 2 under a pipeline reduce
+    # once per step.
+    syncs = mb if pp == 1 or layout.zero == 3 else 1
     dp_bw, dp_lat = cluster.link(layout.world)
     groups = m.layers // pp + 1  # one FSDP group per block and the root
     if layout.zero == 0:

@@ -110,6 +110,10 @@ def memory_at(spec: JobSpec, layout: Layout, cluster: Cluster, position: str) ->
         edge += vocab_rows + m.d_model  # LM head and final norm
     local = blocks * block + edge  # parameters of this rank's stage(s), before ZeRO
     shard = local / dp if layout.zero in (2, 3) else local
+    # zero 2 under a pipeline accumulates unsharded gradients until the step's last
+    # microbatch and reduces them once (torch's stage); zero 3 reduces every microbatch
+    # (worker/trainer/pipeline.py: ShardedStage)
+    grads = local if layout.zero == 2 and layout.pp > 1 else shard
     compute_b = act_bytes(spec)
     if layout.zero == 2:
         gathered = local * compute_b  # kept unsharded from forward to the end of backward
@@ -137,7 +141,7 @@ def memory_at(spec: JobSpec, layout: Layout, cluster: Cluster, position: str) ->
         buffers += tokens * vocab * LOGITS_B * (held + 2)  # saved log-softmax; logits + grad
     return MemoryAnatomy(
         params=int(shard * MASTER_B),
-        grads=int(shard * GRAD_B),
+        grads=int(grads * GRAD_B),
         optimizer=int(shard * ADAM_B),
         gathered=int(gathered),
         activations=int(activations),

@@ -14,8 +14,11 @@ Concessions, each on purpose:
        gradients all-reduced. DDP's own reducer (composable `replicate`) when the whole
        world is data parallel in fp32, FSDP2's `replicate` otherwise (`apply_fsdp`).
     2  shard gradients + optimizer state: `fully_shard(reshard_after_forward=False)`;
-       parameters stay gathered between forward and backward (ZeRO-2).
-    3  full shard: parameters re-sharded after forward, gathered again for backward.
+       parameters stay gathered between forward and backward (ZeRO-2). Under a pipeline,
+       gradients are reduced once per step, after the last microbatch (torch's stage).
+    3  full shard: parameters re-sharded after forward, gathered again for backward; under
+       a pipeline also after every microbatch's backward, with its gradients reduced then
+       (pipeline.py: `ShardedStage`), so the rank never holds its stage unsharded.
 - `precision: bf16` is FSDP2's MixedPrecisionPolicy, never autocast: one mechanism for
   every layout, so at dp 1 the model is wrapped too (on a one-rank DP mesh, where it only
   casts).
@@ -211,10 +214,10 @@ def apply_fsdp(
     precision: str,
     experts_mesh: DeviceMesh | None = None,
 ) -> None:
-    """Shard each block, then the remainder (embedding, norm, head) as the root group. With
-    expert parallelism (`experts_mesh`: "edp", the replicas of one expert shard), each layer's
-    experts form a group of their own over those replicas first, so the block's group over
-    all of dp leaves them out (their shards differ across "ep").
+    """Shard each block, the embedding and the head, then the remainder (the final norm) as
+    the root group. With expert parallelism (`experts_mesh`: "edp", the replicas of one expert
+    shard), each layer's experts form a group of their own over those replicas first, so the
+    block's group over all of dp leaves them out (their shards differ across "ep").
 
     bf16: parameters are cast to bf16 for forward and backward while the sharded fp32
     parameters stay the optimizer's master weights, and gradients are reduced in fp32."""
@@ -240,6 +243,15 @@ def apply_fsdp(
         return
     for block in model.layers.values():
         _data_parallel(block, dp_mesh, zero, mp)
+    # The embedding and the head are groups of their own, as in torchtitan: at a real vocab
+    # each is the largest unit of the model, so it is gathered only around its own forward
+    # and backward, never for the whole stage as the root's parameters would be.
+    # They are not resharded after forward: the head's backward follows its forward at once,
+    # and a second all-gather of the embedding would cost more transient memory (its output
+    # and copy-out, twice the unsharded size) than holding it costs.
+    for edge in (model.embed, model.head):
+        if edge is not None:
+            _data_parallel(edge, dp_mesh, min(zero, 2), mp)
     _data_parallel(model, dp_mesh, zero, mp)
 
 
