@@ -111,7 +111,8 @@ def step_cost(spec: JobSpec, layout: Layout, cluster: Cluster) -> StepCost:
     # once per step.
     syncs = mb if pp == 1 or layout.zero == 3 else 1
     dp_bw, dp_lat = cluster.link(layout.world)
-    groups = m.layers // pp + 1  # one FSDP group per block and the root
+    # one FSDP group per block, the embedding and the head (each on its own stage), the root
+    groups = m.layers // pp + (3 if pp == 1 else 2)
     if layout.zero == 0:
         dp_bytes = 2 * syncs * local * GRAD_B
         dp_time = syncs * _ring_s(local * GRAD_B, dp, dp_bw, dp_lat * groups, 2)
