@@ -21,6 +21,7 @@ from controller.metrics import ControllerMetrics, Scraped
 from controller.pods import PodReplacer
 from controller.retention import Retention, RetentionConfig
 from controller.scheduler import Scheduler, SchedulerConfig
+from controller.wakeup import Wakeup
 from services.store import Fenced, Store
 
 log = logging.getLogger("meshkeeper.controller")
@@ -71,6 +72,9 @@ class Controller:
             name="redis-watch",
             daemon=True,
         )
+        # an agent's announcement of a trainer exit runs the pass at once (controller/wakeup.py)
+        self.wakeup = Wakeup(self.store, self._stop)
+        self._listener = threading.Thread(target=self.wakeup.listen, name="wakeup", daemon=True)
         # A failed pass is retried after a jittered exponential wait (0.1 s doubling, at most
         # 2 s), so a Redis outage or a bug is not hammered 4 times a second; stop() ends it.
         self._retrying = Retrying(
@@ -88,19 +92,25 @@ class Controller:
     def start(self) -> None:
         self.lease.start()
         self._watcher.start()
+        self._listener.start()
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self.wakeup.interrupt()
         self._thread.join(timeout=5)
         self._watcher.join(timeout=5)
+        self._listener.join(timeout=5)
         if self.pods is not None:
             self.pods.close()
         self.lease.stop()
         self.store.close()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.cfg.interval_s):
+        while True:
+            self.wakeup.wait(self.cfg.interval_s)
+            if self._stop.is_set():
+                return
             self._retrying(self._pass)
 
     def _pass(self) -> None:

@@ -123,6 +123,10 @@ class Keys:
     def lease_token(self) -> str:
         return f"{self.prefix}controller:lease:token"
 
+    def controller_wake(self) -> str:
+        """pub/sub channel: an agent announces a trainer's exit, the leader's pass runs now."""
+        return f"{self.prefix}controller:wake"
+
 
 def _s(v: Any) -> str:
     if isinstance(v, str):
@@ -252,6 +256,7 @@ def agent_acl(prefix: str, wid: str) -> list[str]:
         "+script|load",
         "+subscribe",
         "+unsubscribe",
+        "+publish",  # only to controller:wake (the channel rule below)
         "+multi",
         "+exec",
         "+discard",
@@ -279,6 +284,7 @@ def agent_acl(prefix: str, wid: str) -> list[str]:
         f"%W~{prefix}job:*:events",
         f"%RW~{prefix}job:*:checkpoint",
         f"&{me}:assignment",
+        f"&{prefix}controller:wake",
     ]
 
 
@@ -518,6 +524,11 @@ class Store:
         self._report(
             keys=[self.keys.worker_progress(wid), self.keys.workers_reported()], args=[wid, *pairs]
         )
+
+    def announce_exit(self, wid: str) -> None:
+        """Wake the leading controller's pass: a trainer of `wid` exited (its report is
+        written). The message carries nothing a pass trusts; it only runs the pass early."""
+        self.r.publish(self.keys.controller_wake(), wid)
 
     def commit_checkpoint(
         self, jid: str, generation: int, step: int, path: str, keep: int = 1_000_000, *, wid: str

@@ -136,6 +136,7 @@ def test_a_join_registers_the_worker_and_gives_it_its_own_redis_user(api, admin)
         assert me.checkpoint_history("j")[0]["step"] == 10
         me.add_event("j", {"reason": "TrainerStarted"})
         discovery.advertise(me, "wa", "127.0.0.1:9400")
+        me.announce_exit("wa")  # the controller's wake-up channel
         assert me.job("j")["generation"] == "1"
         # ... and nothing else
         denied = [
@@ -150,6 +151,7 @@ def test_a_join_registers_the_worker_and_gives_it_its_own_redis_user(api, admin)
             lambda: me.r.set("mk:controller:lease", "me:1"),
             lambda: me.r.execute_command("ACL", "SETUSER", "agent-wa", "~*"),
             lambda: me.r.flushall(),
+            lambda: me.r.publish(admin.keys.worker_assignment("wb"), "j"),  # another's channel
             lambda: me.heartbeat("wb"),  # the script writes worker:wb: refused inside it
             lambda: me.commit_checkpoint(
                 "j", 1, 10, "/ck", wid="wb"

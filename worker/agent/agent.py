@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import socket
 import threading
 import time
@@ -120,6 +121,7 @@ class Agent:
         self._pubsub = None
         self._reread_at = 0.0
         self._dirty = False
+        self._exited = False  # a trainer exit is in the next report: announce it (_publish)
         # for Redis, in order: (job, generation, a checkpoint to commit or an event to add)
         self._outbox: list[tuple[str, int, CheckpointCommitted | dict]] = []
 
@@ -201,11 +203,26 @@ class Agent:
             self._reread_at = 0.0
         if self._pubsub is None:
             self._connect()
-        elif (
-            self._pubsub.get_message(timeout=self.cfg.tick_s) or time.monotonic() >= self._reread_at
-        ):
-            self._reread()
+        else:
+            self._publish()  # what the last _tend found (an exit), before waiting a tick
+            if self._news() or time.monotonic() >= self._reread_at:
+                self._reread()
         self._publish()
+
+    def _news(self) -> bool:
+        """Wait up to a tick for a message on the assignment channel (True when one came),
+        and no longer than until a trainer exits: its pidfd wakes the loop, so an exit is
+        reported at once rather than at the end of the tick (docs/architecture.md, "Agent")."""
+        ps = self._pubsub
+        if ps.get_message(timeout=0):  # one already read off the socket
+            return True
+        sock = getattr(ps.connection, "_sock", None)  # redis-py keeps its socket private
+        run = self.run
+        exits = [fd for p in run.ranks.values() if (fd := p.exit_fd()) is not None] if run else []
+        if sock is None or not exits:
+            return bool(ps.get_message(timeout=self.cfg.tick_s))
+        readable, _, _ = select.select([sock, *exits], [], [], self.cfg.tick_s)
+        return sock in readable and bool(ps.get_message(timeout=0))
 
     def _connect(self) -> None:
         """(Re)connect: subscribe, follow the pointer, then register (a beat). Following
@@ -500,7 +517,7 @@ class Agent:
                     self._outbox.append((run.job, run.generation, line))
             if code is not None:
                 p.ended(code, "succeeded" if code == 0 else "failed", self._now())
-                self._dirty = True
+                self._dirty = self._exited = True
                 self._event(
                     "TrainerExited",
                     f"rank {p.rank} on worker {self.cfg.wid} exited with code {code}",
@@ -546,7 +563,17 @@ class Agent:
                     "updated_at": time.time(),
                 },
             )
-        self._dirty = False
+            if self._exited:
+                self._announce_exit()
+        self._dirty = self._exited = False
+
+    def _announce_exit(self) -> None:
+        """Wake the controller's pass for the exit just reported. Best effort: without it the
+        next pass (0.25 s) finds the report anyway."""
+        try:
+            self.store.announce_exit(self.cfg.wid)
+        except redis.ResponseError as e:  # a user created before agents could publish
+            log.debug("controller wake-up refused (%s); the next pass will see the exit", e)
 
     def _may_commit(self, job: str, generation: int) -> bool:
         """The commit lease: an agent that cannot confirm its generation commits nothing. A run

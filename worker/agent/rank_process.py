@@ -3,6 +3,7 @@ metrics file, its scheduler state and CPU use (psutil), its collective counters 
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -58,7 +59,14 @@ class RankProcess:
         self.tail = MetricsTail(self.metrics, self.rank)
         # Not reaped before the agent polls it, so the pid cannot be reused meanwhile.
         self.process = psutil.Process(self.proc.pid)
+        # Readable once the trainer has exited: the agent's wait wakes on it (`exit_fd`).
+        self._pidfd: int | None = os.pidfd_open(self.proc.pid)
         self.memory.sample(self.process)  # the cgroup baseline, before the rank can allocate
+
+    def exit_fd(self) -> int | None:
+        """A descriptor that turns readable when the trainer exits (its pidfd); None once
+        its end was recorded."""
+        return self._pidfd
 
     def read(self) -> list[TrainerLine]:
         """The trainer's new metrics lines."""
@@ -98,6 +106,9 @@ class RankProcess:
     def ended(self, code: int | None, state: str, at: float | None = None) -> None:
         """The trainer exited (`at`: when the agent saw it) or was stopped (no `at`)."""
         self.exit_code, self.exited_at, self.progress.state = code, at, state
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
 
     def report(self) -> RankReport:
         """This rank's entry in `worker:{wid}:progress` (docs/architecture.md, "Records")."""

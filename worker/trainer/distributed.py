@@ -27,11 +27,13 @@ from __future__ import annotations
 import gc
 import math
 import os
+import socket
 from collections.abc import Mapping
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from services.procs import free_port
 
@@ -62,10 +64,39 @@ def init_distributed(timeout_s: float) -> tuple[int, int, torch.device]:
         if "OMP_NUM_THREADS" not in os.environ:
             local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
+    if rank != 0:
+        wait_for_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout_s)
     # device_id binds the group to this rank's GPU: NCCL's communicator forms now (a broken
     # NCCL fails here, not at the first step) and subgroups split from it.
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), device_id=bind)
     return rank, world, device
+
+
+STORE_POLL_S = 0.005
+
+
+def wait_for_store(host: str, port: int, timeout_s: float) -> None:
+    """Return once the rendezvous store (rank 0's TCPStore) accepts connections. torch's
+    store client backs off for about 0.3 s after a refused connect, and in a recovery the
+    other ranks usually start before rank 0 (whose agent stops the old rank 0 first): this
+    probe every 5 ms lets them connect when the store comes up, not a backoff later."""
+
+    def probe() -> None:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+
+    try:
+        Retrying(
+            wait=wait_fixed(STORE_POLL_S),
+            stop=stop_after_delay(timeout_s),
+            retry=retry_if_exception_type(OSError),
+            reraise=True,
+        )(probe)
+    except OSError as e:
+        raise RuntimeError(
+            f"the rendezvous store at {host}:{port} (rank 0's) accepted no connection within "
+            f"{timeout_s:.0f}s ({e}); is rank 0 running, and is MASTER_ADDR reachable from here?"
+        ) from e
 
 
 def cuda_device(local_rank: int, visible: int) -> torch.device:
