@@ -124,7 +124,7 @@ def resume(
 ) -> int:
     """Steps already completed: those of the old generation's in-memory snapshots when every
     rank's state is there (and no disk checkpoint is newer), else of the newest committed
-    checkpoint that verifies, else 0."""
+    checkpoint that verifies, else 0 (and only then are the seed's weights generated)."""
     if plan is not None:
         ctx = trainer.ctx
         history = ckpt.history if ckpt else None
@@ -157,6 +157,7 @@ def resume(
     t0 = time.perf_counter()
     restored = ckpt.restore() if ckpt else None
     if restored is None:
+        trainer.init_weights()  # a fresh start: nothing was restored over the parameters
         return 0
     say(restored_line(restored, mesh_record(spec)), flush=True)
     metrics.write(
@@ -229,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
             if per_rank
             else None
         )
-        trainer = Trainer(spec, ctx, collectives)
+        trainer = Trainer(spec, ctx, collectives, weights=False)  # written by `resume`
         say = print if rank == 0 else (lambda *a, **k: None)
         floor = trainer.batches.entropy_floor()
         say(

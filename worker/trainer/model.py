@@ -130,6 +130,11 @@ class Transformer(nn.Module):
             local = p.to_local() if isinstance(p, DTensor) else p
             local.copy_(local_shard(full.to(local.device), p))
             del full
+        self.init_buffers()
+
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        """The RoPE tables: derived from the spec, never restored (not in any state dict)."""
         cos, sin = rope_tables(self.cfg.seq_len, self.cfg.head_dim, self.cfg.rope_theta)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)

@@ -58,9 +58,17 @@ class StepResult:
 
 
 class Trainer:
-    def __init__(self, spec: JobSpec, ctx: RankContext, collectives: Collectives | None = None):
+    def __init__(
+        self,
+        spec: JobSpec,
+        ctx: RankContext,
+        collectives: Collectives | None = None,
+        weights: bool = True,
+    ):
         """`collectives`: where to count collective phases for the agent (worker/progress.py);
-        None counts them in memory only."""
+        None counts them in memory only. `weights` False leaves the parameters unwritten for
+        a restore to fill (`init_weights` if none does): generating weights a restore then
+        overwrites costs a recovery time, and minutes at real sizes."""
         self.spec, self.ctx = spec, ctx
         p, mesh = spec.parallel, ctx.mesh
         full = build_model(spec.model, spec.train.seed, "meta")
@@ -79,7 +87,7 @@ class Trainer:
             if p.dp > 1 or p.precision == "bf16":
                 apply_fsdp(part, mesh["dp"], p.zero, p.precision, experts_mesh)
             part.to_empty(device=ctx.device)
-            part.init_weights(spec.train.seed)
+            part.init_buffers()
         self.parts = [m for _, m in parts]
         self.moe = [m for part in self.parts for m in part.modules() if isinstance(m, MoE)]
         for m in self.moe:
@@ -97,6 +105,13 @@ class Trainer:
         self.clock = step_clock(ctx.device)
         self.collectives = collectives or Collectives(None)
         self.vocab_sharded = vocab_sharded(p)
+        if weights:
+            self.init_weights()
+
+    def init_weights(self) -> None:
+        """The seed's initial parameters (worker/trainer/model.py, `init_weights`)."""
+        for part in self.parts:
+            part.init_weights(self.spec.train.seed)
 
     def _loss_fn(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         # Mean over the microbatch, pre-divided by the microbatch count: summing the
