@@ -11,7 +11,7 @@ import json
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 from worker.trainer.optim import clip_grad_norm
 
@@ -23,6 +23,8 @@ def full_grads(stage: int) -> dict[str, torch.Tensor]:
         "sharded_tp": torch.randn(6, 4, generator=g),  # TP only: replicated over dp
         "sharded_dp": torch.randn(6, generator=g),  # FSDP only: replicated over tp
         "plain": torch.randn(5, generator=g),  # no DTensor: the same on every rank
+        # a replicated weight whose gradient is Partial over tp (sequence-parallel norms)
+        "partial_tp": torch.randn(7, generator=g),
     }
 
 
@@ -35,7 +37,12 @@ def stage_params(mesh, stage: int) -> list[torch.nn.Parameter]:
     }
     params = []
     for name, grad in full_grads(stage).items():
-        if name in placements:
+        if name == "partial_tp":  # each TP rank holds one summand: half (exact in binary)
+            p = torch.nn.Parameter(
+                distribute_tensor(torch.zeros_like(grad), mesh, [Replicate()] * 2)
+            )
+            p.grad = DTensor.from_local(grad / mesh.size(1), mesh, [Replicate(), Partial()])
+        elif name in placements:
             where = placements[name]
             p = torch.nn.Parameter(distribute_tensor(torch.zeros_like(grad), mesh, where))
             p.grad = distribute_tensor(grad, mesh, where)
