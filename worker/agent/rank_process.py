@@ -60,7 +60,11 @@ class RankProcess:
         # Not reaped before the agent polls it, so the pid cannot be reused meanwhile.
         self.process = psutil.Process(self.proc.pid)
         # Readable once the trainer has exited: the agent's wait wakes on it (`exit_fd`).
-        self._pidfd: int | None = os.pidfd_open(self.proc.pid)
+        # Without one (a kernel before 5.3) the agent sees the exit at its next tick.
+        try:
+            self._pidfd: int | None = os.pidfd_open(self.proc.pid)
+        except OSError:
+            self._pidfd = None
         self.memory.sample(self.process)  # the cgroup baseline, before the rank can allocate
 
     def exit_fd(self) -> int | None:
