@@ -30,7 +30,7 @@ class Wakeup:
     def __init__(self, store: Store, stop: threading.Event, min_gap_s: float = 0.05):
         self.store, self.stop, self.min_gap_s = store, stop, min_gap_s
         self.event = threading.Event()
-        self.woken = 0  # announcements received (for tests and metrics)
+        self.woken = 0  # announcements received (the tests read it)
         self._last_pass = 0.0
 
     def wait(self, interval_s: float) -> None:

@@ -26,8 +26,14 @@ class ShardLocalAdamW(torch.optim.AdamW):
         has_complex = super()._init_group(
             group, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps
         )
-        # as DTensor's dispatch would before the kernel (clip_grad_norm did it already)
-        grads[:] = [laid_out_like(g, p) for g, p in zip(grads, params, strict=True)]
+        # DTensor's dispatch would redistribute a gradient laid out unlike its parameter;
+        # clip_grad_norm, which every step runs first, already has (laid_out_like)
+        for g, p in zip(grads, params, strict=True):
+            if isinstance(g, DTensor) and g.placements != p.placements:
+                raise RuntimeError(
+                    f"gradient laid out as {g.placements}, its parameter as {p.placements}: "
+                    "run clip_grad_norm (which lays gradients out like their parameters) first"
+                )
         for tensors in (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs):
             tensors[:] = [_local(t) for t in tensors]
         return has_complex
