@@ -3,7 +3,8 @@
 The same dp=2 job trained under torchrun twice per round, without snapshots and with a snapshot
 after every step (own ring in /dev/shm plus the copy sent to the buddy rank), rounds
 alternating so drift on a shared host hits both arms alike. Step time is the median over
-every rank's steps after the first few (warm-up).
+every rank's steps after the first few (warm-up), from one step's end to the next: it counts
+what the training thread does between steps (capturing the state for a snapshot) too.
 
     python bench/snapshot_cost.py [--preset small] [--d-model 512 ...] [--steps 40] [--rounds 2]
 
@@ -17,6 +18,7 @@ import json
 import statistics
 import sys
 import tempfile
+from itertools import pairwise
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -47,12 +49,14 @@ def run(spec: dict, snapshots: bool) -> tuple[list[float], int]:
             (d / "plan.json").write_text(json.dumps(plan))
             args += ["--snapshot-plan", str(d / "plan.json")]
         torchrun(2, args)
-        times = [
-            r["step_s"]
-            for f in sorted(d.glob("steps-*.jsonl"))
-            for r in map(json.loads, f.read_text().splitlines())
-            if "step_s" in r and r["step"] > WARMUP
-        ]
+        times = []
+        for f in sorted(d.glob("steps-*.jsonl")):
+            ends = [
+                r["time"]
+                for r in map(json.loads, f.read_text().splitlines())
+                if "step_s" in r and r["step"] > WARMUP
+            ]
+            times += [b - a for a, b in pairwise(ends)]
         size = sum(p.stat().st_size for p in Path(shm).glob("g1/r0/slot-0.bin"))
         return times, size
 

@@ -93,11 +93,14 @@ def slot_paths(d: Path, i: int) -> tuple[Path, Path]:
     return d / f"slot-{i}.bin", d / f"slot-{i}.json"
 
 
-def write_manifest(path: Path, manifest: dict) -> None:
-    """Atomically: the rename is what makes the slot complete."""
+def write_manifest(path: Path, manifest: dict | str) -> str:
+    """Atomically: the rename is what makes the slot complete. A str is the manifest's JSON
+    already encoded (a copy received as text is written as it came); returns the text."""
+    text = manifest if isinstance(manifest, str) else json.dumps(manifest)
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(manifest))
+    tmp.write_text(text)
     os.replace(tmp, path)
+    return text
 
 
 def complete_slots(d: Path, generation: int) -> dict[int, Slot]:

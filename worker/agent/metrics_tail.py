@@ -35,6 +35,7 @@ class Restored(Record):
     step: int  # the restored checkpoint's: steps completed
     restore_s: float
     source: str | None = None  # memory (own snapshot) | peer (buddy's copy) | disk
+    via: str | None = None  # from memory: own | memory (a file on this host) | network
 
 
 class SnapshotTaken(Record):
@@ -45,6 +46,8 @@ class SnapshotTaken(Record):
     step: int
     ok: bool = True  # False: this rank's own copy failed (error says why)
     held: dict[str, int] | None = None
+    # ward -> how its copy came: "memory" (read from its file on this host) or "network"
+    held_via: dict[str, str] | None = None
     error: str | None = None
 
 

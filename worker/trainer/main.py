@@ -141,7 +141,8 @@ def resume(
         if hot is not None:
             say(
                 f"[meshkeeper] resumed from step {hot.step} in host memory "
-                f"(generation {plan.restore_generation}, this rank from {hot.source}) in "
+                f"(generation {plan.restore_generation}, this rank from {hot.source}, "
+                f"via {hot.via}) in "
                 f"{hot.restore_s:.2f}s",
                 flush=True,
             )
@@ -151,6 +152,7 @@ def resume(
                     "step": hot.step,
                     "restore_s": hot.restore_s,
                     "source": hot.source,
+                    "via": hot.via,
                 }
             )
             return hot.step

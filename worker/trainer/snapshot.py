@@ -5,21 +5,24 @@ After step N (every `plan.every` steps) `take(N)` captures references to the ran
 and hands them to one background thread, which
 1. copies them into the next slot of the rank's ring in /dev/shm (a mapped file, so the
    snapshot outlives this process) and commits the slot by writing its manifest last;
-2. sends the slot to the rank's holder over a gloo group of its own, and receives the
-   copies of its wards into its `held/` slots (every rank does both at every snapshot, so
-   the sends and receives always pair up).
+2. offers the slot to the rank's holder over a gloo group of its own, and takes its wards'
+   slots into its `held/` ring (every rank does both at every snapshot, so the messages always
+   pair up; worker/trainer/snapshot_wire.py). A ward whose file this rank can read, on the
+   same host memory, is copied from that file; only a ward on another host sends its bytes
+   over the network.
 The training thread waits only for step 1, and only just before the next optimizer step
 would change the tensors being copied (`wait_copied`, called as the step's `before_update`).
-One thread, first in first out: the copy of step N+1 starts after the send of step N, so a
-slot is never rewritten while it is being sent.
+One thread, first in first out: the copy of step N+1 starts after the exchange of step N,
+which ends only once the holder has its copy (its answer comes after a memory copy), so a slot
+is never rewritten while it is being read.
 
-A failed copy (say /dev/shm is full) is reported and training goes on: the rank sends an
-empty header (worker/trainer/snapshot_wire.py), so its holder skips that copy and the
-exchange stays paired.
+A failed copy (say /dev/shm is full) is reported and training goes on: the rank offers
+nothing, so its holder skips that copy and the exchange stays paired.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,8 +33,15 @@ import torch
 import torch.distributed as dist
 
 from worker.snapshots import SnapshotPlan, discard_after, slot_paths, write_manifest
-from worker.trainer.snapshot_state import Captured, copy_into, layout
-from worker.trainer.snapshot_wire import isend_slot, recv_manifest
+from worker.trainer.snapshot_state import Captured, copy_into, destinations, layout
+from worker.trainer.snapshot_wire import (
+    Offer,
+    isend_answer,
+    isend_image,
+    isend_offer,
+    recv_answer,
+    recv_offer,
+)
 
 
 def map_file(path: Path, nbytes: int) -> torch.Tensor:
@@ -45,6 +55,7 @@ class Copied:
     step: int
     bin: Path | None  # None: the copy failed (error says why)
     manifest: dict | None
+    text: str | None = None  # the manifest's JSON
     error: str = ""
 
 
@@ -57,6 +68,7 @@ class Ring:
     def __init__(self, d: Path, keep: int, pin: bool = False):
         self.d, self.size, self.next = d, keep + int(pin), 0
         self.maps: dict[Path, torch.Tensor] = {}
+        self.views: dict[Path, tuple[list, torch.Tensor, list[torch.Tensor]]] = {}
         self.pin, self.pinned = pin, None  # pinned: (slot index, manifest)
 
     def claim(self, nbytes: int) -> tuple[int, Path, Path, torch.Tensor]:
@@ -72,10 +84,20 @@ class Ring:
             image = self.maps[bin_path] = map_file(bin_path, nbytes)
         return i, bin_path, man_path, image
 
-    def commit(self, i: int, man_path: Path, manifest: dict) -> None:
-        write_manifest(man_path, manifest)
+    def destinations(self, bin_path: Path, lay: list) -> list[torch.Tensor]:
+        """The slot's tensor views for layout `lay`, made once per slot, mapping and layout."""
+        image = self.maps[bin_path]
+        got = self.views.get(bin_path)
+        if got is None or got[0] is not lay or got[1] is not image:
+            got = self.views[bin_path] = (lay, image, destinations(image, lay))
+        return got[2]
+
+    def commit(self, i: int, man_path: Path, manifest: dict, text: str | None = None) -> str:
+        """Complete slot `i`; `text`: the manifest's JSON when already encoded. Returns it."""
+        text = write_manifest(man_path, manifest if text is None else text)
         if self.pin and manifest.get("checked"):
             self.pinned = (i, manifest)
+        return text
 
     def checked(self) -> tuple[dict, torch.Tensor] | None:
         """The pinned slot's manifest and image."""
@@ -105,6 +127,7 @@ class Snapshotter:
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="snapshot")
         self.copying: Future | None = None
         self.exchanges: list[Future] = []
+        self.peer_maps: dict[Path, torch.Tensor] = {}
         self.blocking_s = 0.0
         self._layout: tuple[tuple, list, int] | None = None
         self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -158,15 +181,17 @@ class Snapshotter:
             if self._layout is None or self._layout[0] != key:
                 self._layout = (key, *layout(captured.tensors))
             _, lay, nbytes = self._layout
-            i, bin_path, man_path, image = self.own.claim(nbytes)
+            i, bin_path, man_path, _ = self.own.claim(nbytes)
+            dst = self.own.destinations(bin_path, lay)
             if self.side is not None:
                 with torch.cuda.stream(self.side):
                     self.side.wait_event(ready)
-                    copy_into(image, captured.tensors, lay)
+                    copy_into(dst, captured.tensors)
                 self.side.synchronize()
             else:
-                copy_into(image, captured.tensors, lay)
+                copy_into(dst, captured.tensors)
             manifest = {
+                "id": secrets.token_hex(8),  # tells this slot from any other (snapshot_wire)
                 "step": step,
                 "generation": self.plan.generation,
                 "rank": self.rank,
@@ -175,52 +200,62 @@ class Snapshotter:
                 "state": captured.state,
                 "checked": checked,
             }
-            self.own.commit(i, man_path, manifest)
-            return Copied(step, bin_path, manifest)
+            text = self.own.commit(i, man_path, manifest)
+            return Copied(step, bin_path, manifest, text)
         except (OSError, RuntimeError) as e:
-            return Copied(step, None, None, f"{type(e).__name__}: {e}")
+            return Copied(step, None, None, error=f"{type(e).__name__}: {e}")
 
     def _exchange(self, copying: Future) -> dict:
-        """Send this rank's slot to its holder; receive each ward's into held/."""
+        """Offer this rank's slot to its holder; take each ward's into held/ (the phases of
+        worker/trainer/snapshot_wire.py: every offer, then every answer, then the images)."""
         copied: Copied = copying.result()
-        sends = (
-            isend_slot(copied.manifest, self.own.maps.get(copied.bin), self.holder, self.group)
-            if self.holder is not None
-            else []
-        )
-        held, errors = {}, [copied.error] if copied.error else []
+        offered = self.holder is not None and copied.manifest is not None
+        sends = []
+        if self.holder is not None:
+            nbytes = copied.manifest["nbytes"] if offered else 0
+            sends = isend_offer(copied.text, nbytes, copied.bin, self.holder, self.group)
+        held, via, errors = {}, {}, [copied.error] if copied.error else []
+        incoming = []  # (ward, offer, held slot): bytes that come over the network
         for w in self.wards:
+            offer = recv_offer(w, self.group)
+            if offer is None:
+                continue
+            need = False
             try:
-                got = self._receive(w)
-                if got is not None:
-                    held[str(w)] = got
-            except (OSError, ValueError) as e:
+                m = offer.manifest
+                if m.get("generation") != self.plan.generation or m.get("rank") != w:
+                    raise ValueError(f"rank {w} offered a snapshot of another world: {m}"[:300])
+                i, _, man_path, image = self.held[w].claim(offer.nbytes)
+                if offer.visible():  # on this host: a memory copy, no network
+                    image[: offer.nbytes].copy_(self._peer_image(offer))
+                    self.held[w].commit(i, man_path, m, offer.text)
+                    held[str(w)], via[str(w)] = m["step"], "memory"
+                else:
+                    need = True
+                    incoming.append((w, offer, i, man_path, image))
+            except (OSError, RuntimeError, ValueError) as e:
                 errors.append(f"copy of rank {w}: {type(e).__name__}: {e}")
+            sends += isend_answer(need, w, self.group)
+        if offered and recv_answer(self.holder, self.group):
+            image = self.own.maps[copied.bin]
+            sends += isend_image(image, copied.manifest["nbytes"], self.holder, self.group)
+        for w, offer, i, man_path, image in incoming:
+            dist.recv(image[: offer.nbytes], w, group=self.group)
+            self.held[w].commit(i, man_path, offer.manifest, offer.text)
+            held[str(w)], via[str(w)] = offer.manifest["step"], "network"
         for s in sends:
             s.wait()
         line = {"event": "snapshot", "step": copied.step, "ok": copied.bin is not None}
         if self.wards:
-            line["held"] = held
+            line["held"], line["held_via"] = held, via
         if errors:
             line["error"] = "; ".join(errors)[:500]
         return line
 
-    def _recv(self, t: torch.Tensor, src: int) -> None:
-        dist.recv(t, src, group=self.group)
-
-    def _receive(self, ward: int) -> int | None:
-        """One ward's copy into its next held slot; its step, or None when it sent none."""
-        got = recv_manifest(ward, self.group)
-        if got is None:
-            return None
-        manifest, nbytes = got
-        try:
-            i, _, man_path, image = self.held[ward].claim(nbytes)
-        except (OSError, RuntimeError):
-            self._recv(torch.empty(nbytes, dtype=torch.uint8), ward)  # keep the stream paired
-            raise
-        self._recv(image[:nbytes], ward)
-        if manifest.get("generation") != self.plan.generation or manifest.get("rank") != ward:
-            raise ValueError(f"rank {ward} sent a snapshot of another world: {manifest}"[:300])
-        self.held[ward].commit(i, man_path, manifest)
-        return int(manifest["step"])
+    def _peer_image(self, offer: Offer) -> torch.Tensor:
+        """A ward's slot file on this host, mapped once and reused: its ring rewrites the same
+        files, and mapping anew would fault every page in again at every snapshot."""
+        image = self.peer_maps.get(offer.path)
+        if image is None or image.numel() < offer.nbytes:
+            image = self.peer_maps[offer.path] = map_file(offer.path, offer.nbytes)
+        return image[: offer.nbytes]

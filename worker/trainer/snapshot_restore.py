@@ -8,8 +8,9 @@ together, through the generation's rendezvous store:
 2. the step is the newest one every rank's state has. None, or an older one than the
    newest disk checkpoint: every rank restores from disk instead (the same decision on
    every rank, from the same posts);
-3. holders send moved ranks their slot over the world group (gloo), the others map their
-   own slot; every rank loads its image. No storage is read.
+3. holders offer moved ranks their slot over the world group (gloo): a moved rank on the
+   holder's host reads the holder's file in place, one on another host gets the bytes sent;
+   the others map their own slot. Every rank loads its image. No storage is read.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -28,7 +30,13 @@ from torch.optim.lr_scheduler import LRScheduler
 from worker.snapshots import Slot, SnapshotPlan, complete_slots
 from worker.trainer.distributed import rendezvous_store
 from worker.trainer.snapshot_state import load
-from worker.trainer.snapshot_wire import isend_slot, recv_manifest
+from worker.trainer.snapshot_wire import (
+    isend_answer,
+    isend_image,
+    isend_offer,
+    recv_answer,
+    recv_offer,
+)
 from worker.trainer.train_state import DataStream
 
 AGREE_TIMEOUT_S = 120.0  # every rank lists a few files: far below any restore from disk
@@ -39,6 +47,9 @@ class MemoryRestore:
     step: int
     source: str  # memory (this worker's own snapshot) | peer (the holder's copy)
     restore_s: float
+    # how the bytes came: own (this worker's file), memory (the holder's file, on this host),
+    # network (sent by the holder from another host)
+    via: str
 
 
 def _slots(plan: SnapshotPlan, rank: int) -> dict[int, dict[int, Slot]]:
@@ -71,19 +82,8 @@ def agree_step(plan: SnapshotPlan, rank: int, world: int, disk_step: int | None)
     return step
 
 
-def _map(slot: Slot) -> torch.Tensor:
-    n = slot.manifest["nbytes"]
-    return torch.from_file(str(slot.bin), shared=False, size=n, dtype=torch.uint8)
-
-
-def _receive(src: int) -> tuple[dict, torch.Tensor]:
-    got = recv_manifest(src)
-    if got is None:
-        raise RuntimeError(f"rank {src} sent no snapshot though the world agreed on one")
-    manifest, n = got
-    image = torch.empty(n, dtype=torch.uint8)
-    dist.recv(image, src)
-    return manifest, image
+def _map(path: Path, nbytes: int) -> torch.Tensor:
+    return torch.from_file(str(path), shared=False, size=nbytes, dtype=torch.uint8)
 
 
 def restore_from_memory(
@@ -104,18 +104,34 @@ def restore_from_memory(
     step = agree_step(plan, rank, world, disk_step)
     if step is None:
         return None
+    # the phases of worker/trainer/snapshot_wire.py, each posted before any rank waits on the
+    # next: offers, answers, images
     mine = _slots(plan, rank)
+    serve = {state: slots[step] for state, slots in mine.items() if state != rank}
     sends = [
         w
-        for state, slots in mine.items()
-        if state != rank
-        for w in isend_slot(slots[step].manifest, _map(slots[step]), state)
+        for state, slot in serve.items()
+        for w in isend_offer(json.dumps(slot.manifest), slot.manifest["nbytes"], slot.bin, state)
     ]
     source = plan.sources[rank]
     if source == rank:
-        manifest, image = mine[rank][step].manifest, _map(mine[rank][step])
+        own = mine[rank][step]
+        manifest, image, via = own.manifest, _map(own.bin, own.manifest["nbytes"]), "own"
     else:
-        manifest, image = _receive(source)
+        offer = recv_offer(source)
+        if offer is None:
+            raise RuntimeError(f"rank {source} offered no snapshot though the world agreed on one")
+        manifest, via = offer.manifest, "memory" if offer.visible() else "network"
+        sends += isend_answer(via == "network", source)
+    for state, slot in serve.items():
+        if recv_answer(state):
+            n = slot.manifest["nbytes"]
+            sends += isend_image(_map(slot.bin, n), n, state)
+    if via == "memory":  # the holder's file, read in place: no copy
+        image = _map(offer.path, offer.nbytes)
+    elif via == "network":
+        image = torch.empty(offer.nbytes, dtype=torch.uint8)
+        dist.recv(image, source)
     if manifest["step"] != step or manifest["rank"] != rank:
         raise RuntimeError(
             f"snapshot for rank {rank} step {step} holds rank {manifest['rank']} "
@@ -125,4 +141,6 @@ def restore_from_memory(
     data.check_resume(saved)
     for s in sends:
         s.wait()
-    return MemoryRestore(step, "memory" if source == rank else "peer", time.perf_counter() - t0)
+    return MemoryRestore(
+        step, "memory" if source == rank else "peer", time.perf_counter() - t0, via
+    )

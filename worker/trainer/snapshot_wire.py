@@ -1,35 +1,88 @@
-"""How a snapshot slot travels between ranks over gloo: a header [manifest length, image
-bytes], the manifest as JSON bytes, then the image. An image length of -1 says "no snapshot
-this time" (the sender's copy failed), so the receiver skips it and sends and receives stay
-paired. Used for buddy copies (worker/trainer/snapshot.py) and for restoring a moved rank
-(worker/trainer/snapshot_restore.py)."""
+"""How a snapshot slot travels between two ranks over gloo (docs/architecture.md, "Hot
+recovery"): used for buddy copies (worker/trainer/snapshot.py) and for restoring a moved rank
+(worker/trainer/snapshot_restore.py).
+
+1. The sender offers the slot: a header [path length, manifest length, image bytes], then
+   the path of the slot's file and the manifest's JSON. An image length of -1 says "no
+   snapshot this time" (the sender's copy failed); the receiver skips it, and sends and
+   receives stay paired.
+2. The receiver answers whether it needs the bytes. It does not when it can read the
+   sender's file itself (`visible`): both ranks share host memory, so a local copy (or, for a
+   restore, no copy at all) replaces a trip through the network stack, which on one host
+   costs several times a memory copy's CPU time.
+3. If the bytes are needed, the sender sends the image.
+
+Each step is posted by every rank before anyone waits on the next (sends are asynchronous), so
+a ring of ranks that are each other's buddies never deadlocks.
+"""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 
-def isend_slot(manifest: dict | None, image: torch.Tensor | None, dst: int, group=None) -> list:
-    """Start sending one slot (None: an empty header); the caller waits on the works."""
-    if manifest is None or image is None:
-        return [dist.isend(torch.tensor([0, -1], dtype=torch.int64), dst, group=group)]
-    meta = torch.frombuffer(bytearray(json.dumps(manifest).encode()), dtype=torch.uint8)
-    n = manifest["nbytes"]
-    hdr = torch.tensor([meta.numel(), n], dtype=torch.int64)
-    return [dist.isend(t, dst, group=group) for t in (hdr, meta, image[:n])]
+@dataclass(frozen=True)
+class Offer:
+    text: str  # the slot's manifest, as JSON: a held copy is committed as it came
+    nbytes: int
+    path: Path  # the sender's slot file, as the sender sees it
+
+    @cached_property
+    def manifest(self) -> dict:
+        return json.loads(self.text)
+
+    def visible(self) -> bool:
+        """Whether this process sees the sender's very file: its manifest here is the offered
+        one, whose random `id` no other slot shares (a same-named file on another host's
+        memory holds another id)."""
+        try:
+            here = json.loads(self.path.with_suffix(".json").read_text())
+            size = self.path.stat().st_size
+        except (OSError, ValueError):
+            return False
+        return here.get("id") == self.manifest.get("id") and size >= self.nbytes
 
 
-def recv_manifest(src: int, group=None) -> tuple[dict, int] | None:
-    """The next slot's manifest and image size from `src`; None when it sent none. The image
-    follows: receive it with `dist.recv` into a buffer of that size."""
-    hdr = torch.empty(2, dtype=torch.int64)
+def isend_offer(text: str | None, nbytes: int, path: Path | None, dst: int, group=None) -> list:
+    """Offer one slot: its manifest's JSON, image size and file (None: an empty header); the
+    caller waits on the works."""
+    if text is None or path is None:
+        return [dist.isend(torch.tensor([0, 0, -1], dtype=torch.int64), dst, group=group)]
+    where, what = str(path).encode(), text.encode()
+    body = torch.frombuffer(bytearray(where + what), dtype=torch.uint8)
+    hdr = torch.tensor([len(where), len(what), nbytes], dtype=torch.int64)
+    return [dist.isend(t, dst, group=group) for t in (hdr, body)]
+
+
+def recv_offer(src: int, group=None) -> Offer | None:
+    """The next offer from `src`; None when it offered none."""
+    hdr = torch.empty(3, dtype=torch.int64)
     dist.recv(hdr, src, group=group)
-    meta_len, nbytes = hdr.tolist()
+    path_len, text_len, nbytes = hdr.tolist()
     if nbytes < 0:
         return None
-    meta = torch.empty(meta_len, dtype=torch.uint8)
-    dist.recv(meta, src, group=group)
-    return json.loads(bytes(meta.numpy())), nbytes
+    body = torch.empty(path_len + text_len, dtype=torch.uint8)
+    dist.recv(body, src, group=group)
+    raw = bytes(body.numpy())
+    return Offer(raw[path_len:].decode(), nbytes, Path(raw[:path_len].decode()))
+
+
+def isend_answer(need_bytes: bool, dst: int, group=None) -> list:
+    return [dist.isend(torch.tensor([int(need_bytes)], dtype=torch.int64), dst, group=group)]
+
+
+def recv_answer(src: int, group=None) -> bool:
+    """Whether `src` needs the image sent."""
+    t = torch.empty(1, dtype=torch.int64)
+    dist.recv(t, src, group=group)
+    return bool(t.item())
+
+
+def isend_image(image: torch.Tensor, nbytes: int, dst: int, group=None) -> list:
+    return [dist.isend(image[:nbytes], dst, group=group)]
