@@ -27,8 +27,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import psutil
 import redis
 
+from bench.common import own_memory
 from services.client import ApiError, Client
 from services.procs import free_port, signal_group, stop_all
 from services.redis_url import with_credentials
@@ -361,11 +363,19 @@ class ApiStack:
 
 
 class Stack:
-    def __init__(self, work: Path, workers: int = WORKERS, redis_kind: type = RedisServer):
+    def __init__(
+        self,
+        work: Path,
+        workers: int = WORKERS,
+        redis_kind: type = RedisServer,
+        hosts: bool = False,
+    ):
         """`workers` agents and Redis as `redis_kind(dir, secrets)` builds it: one server, or
         a master, its replica and Sentinels (tests/sentinel_redis.py) that every part reaches
-        by a redis+sentinel:// URL."""
-        self.work, self.workers = work, workers
+        by a redis+sentinel:// URL. With `hosts`, each agent runs as on a host of its own:
+        its own host name, and memory of its own (bench/common.py, `own_memory`), which dies
+        with it (`kill_host`)."""
+        self.work, self.workers, self.hosts = work, workers, hosts
         self.secrets = TestSecrets.create(work / "secrets")
         self.redis = redis_kind(work / "redis", self.secrets)
         self.redis.work.mkdir(parents=True)
@@ -406,12 +416,10 @@ class Stack:
             ["--redis-address", urlsplit(redis_url).netloc.rpartition("@")[2]] if redis_url else []
         )
         port = self.metrics_ports[wid] = free_port()
-        return Proc(
-            f"agent-{wid}",
-            [*agent_argv(self.controller.url, self.secrets, wid, self.work, port), *via],
-            self.work / "logs",
-            {**ENV, CHAOS_ENV: "1"},
-        )
+        argv = [*agent_argv(self.controller.url, self.secrets, wid, self.work, port), *via]
+        if self.hosts:
+            argv = own_memory([*argv, "--host-name", f"host-{wid}"])
+        return Proc(f"agent-{wid}", argv, self.work / "logs", {**ENV, CHAOS_ENV: "1"})
 
     def restart_agent(self, wid: str, redis_url: str | None = None) -> Proc:
         """A new agent process with the same worker id (a returning host)."""
@@ -428,6 +436,27 @@ class Stack:
             except (ProcessLookupError, PermissionError):
                 pass
         agent.p.wait()
+
+    def kill_host(self, wid: str) -> list[int]:
+        """A whole host dies at once (a stack with `hosts`): SIGKILL to every process in the
+        worker's memory (its mount namespace: the agent, its zygote, its trainers), and its
+        memory goes with the last of them. Returns the pids killed, once all are gone."""
+        ns = os.readlink(f"/proc/{self.agents[wid].pid}/ns/mnt")
+        if ns == os.readlink("/proc/self/ns/mnt"):
+            raise AssertionError(
+                f"worker {wid} shares this host's memory: start the stack with hosts"
+            )
+        doomed = []
+        for p in psutil.process_iter():
+            try:
+                if os.readlink(f"/proc/{p.pid}/ns/mnt") == ns:
+                    p.kill()
+                    doomed.append(p)
+            except (psutil.Error, OSError):
+                continue  # exited meanwhile
+        self.agents[wid].p.wait()
+        psutil.wait_procs(doomed, timeout=10)
+        return [p.pid for p in doomed]
 
     def idle_workers(self) -> list[str]:
         return [w.id for w in self.client.workers() if w.alive and w.state == "idle" and not w.job]

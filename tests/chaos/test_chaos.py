@@ -112,7 +112,8 @@ def test_sigkill_worker_agent_and_trainers(stack, uninterrupted):
     assert {f.cause for f in rec.faults} == {"WorkerDead"}, rec.faults
     assert rec.replaced == [{"old": victim.worker, "new": spare}]
     completed(rec)
-    # the whole worker is gone, its host memory with it: the rank restores from its buddy's copy
+    # the whole worker is gone: the rank restores from its buddy's copy, never from the dead
+    # worker's files (test_hot_recovery.py kills a host of its own, memory and all)
     hot_restore(rec, moved=1, world=2)
     same_coordinates(j1, j, {victim.worker: spare})
     assert victim.worker not in j.mesh.spares

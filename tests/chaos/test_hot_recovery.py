@@ -1,6 +1,7 @@
 """Hot recovery (docs/architecture.md, "Hot recovery"): a job killed again and again restores
 each time from host memory, redoes at most one step per kill, and ends with the very loss
-curve of an uninterrupted run."""
+curve of an uninterrupted run; a job that loses a whole host, memory and all, restores the
+lost rank from the copy on its buddy's host."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from tests.chaos.chaos import (
     assert_curve,
+    at_step,
     completed,
     kill,
     mesh_spec,
@@ -17,7 +19,8 @@ from tests.chaos.chaos import (
     succeeded,
     wait_record,
 )
-from tests.chaos.test_chaos import hot_restore
+from tests.chaos.test_chaos import KILL_AT, hot_restore, only_recovery, same_coordinates
+from tests.stack import Stack
 
 pytestmark = pytest.mark.slow
 
@@ -25,6 +28,15 @@ KILLS = 5
 # Each generation trains a step or few before its kill (the fifth came at step 16 of 60 under
 # load; at most 4 steps a generation seen): 30 leaves the last generation steps to train.
 STEPS = 30
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    """A dp2 job's two workers and its spare, each on a host of its own: its own host name,
+    and memory of its own that dies with it (tests/stack.py, `kill_host`)."""
+    s = Stack(tmp_path_factory.mktemp("hosts"), workers=3, hosts=True)
+    yield s
+    s.close()
 
 
 def test_five_kills_each_redo_at_most_one_step_and_the_loss_is_bit_identical(stack, uninterrupted):
@@ -61,3 +73,35 @@ def test_five_kills_each_redo_at_most_one_step_and_the_loss_is_bit_identical(sta
         completed(rec)
         hot_restore(rec, moved=1, world=2)
     assert_curve(stack, j, want, exact=True)
+
+
+def test_whole_host_loss_restores_the_rank_from_its_buddys_host(hosts, uninterrupted):
+    spec = mesh_spec("host-loss", steps=STEPS, parallel={"dp": 2})
+    want = uninterrupted(spec)
+    w, j1 = start(hosts, spec)
+    victim, spare = rank(j1, 1), j1.mesh.spares[0]
+    # rank 1's copy lives on rank 0's host, and got there over the network: no host can read
+    # another's memory
+    held = wait_record(
+        metrics_path(hosts, j1, 0),
+        lambda r: r.get("event") == "snapshot" and "1" in r.get("held", {}),
+        120,
+        "rank 0 to hold a copy of rank 1",
+    )
+    assert held["held_via"] == {"1": "network"}, held
+    wait_record(metrics_path(hosts, j1, 1), at_step(KILL_AT), 120, f"rank 1 at step {KILL_AT}")
+    killed = hosts.kill_host(victim.worker)  # the agent, its zygote, its trainers: its memory
+    assert victim.pid in killed
+    j = w.finish()
+    succeeded(hosts, j)
+    rec = only_recovery(j, "WorkerDead", "replace")
+    assert rec.replaced == [{"old": victim.worker, "new": spare}]
+    completed(rec)
+    hot_restore(rec, moved=1, world=2)
+    same_coordinates(j1, j, {victim.worker: spare})
+    # the spare's host could not read the copy either: the holder sent it
+    restored = wait_record(
+        metrics_path(hosts, j, 1), lambda r: r.get("event") == "restored", 10, "rank 1 restored"
+    )
+    assert (restored["source"], restored["via"]) == ("peer", "network"), restored
+    assert_curve(hosts, j, want, exact=True)
