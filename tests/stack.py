@@ -13,6 +13,7 @@ the change across their own scrapes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -439,24 +440,26 @@ class Stack:
 
     def kill_host(self, wid: str) -> list[int]:
         """A whole host dies at once (a stack with `hosts`): SIGKILL to every process in the
-        worker's memory (its mount namespace: the agent, its zygote, its trainers), and its
-        memory goes with the last of them. Returns the pids killed, once all are gone."""
+        worker's memory (its mount namespace: the agent, its zygote, its trainers), again
+        until none is left, and its memory goes with the last of them. Returns the pids
+        killed."""
         ns = os.readlink(f"/proc/{self.agents[wid].pid}/ns/mnt")
         if ns == os.readlink("/proc/self/ns/mnt"):
-            raise AssertionError(
-                f"worker {wid} shares this host's memory: start the stack with hosts"
-            )
-        doomed = []
-        for p in psutil.process_iter():
-            try:
-                if os.readlink(f"/proc/{p.pid}/ns/mnt") == ns:
+            raise AssertionError(f"worker {wid} shares this host's memory: use hosts=True")
+        killed: set[int] = set()
+        for _ in range(100):
+            left = [p for p in psutil.process_iter() if _mount_ns(p.pid) == ns]
+            if not left:
+                break
+            for p in left:
+                with contextlib.suppress(psutil.Error):
                     p.kill()
-                    doomed.append(p)
-            except (psutil.Error, OSError):
-                continue  # exited meanwhile
+                killed.add(p.pid)
+            psutil.wait_procs(left, timeout=1)
+        else:
+            raise AssertionError(f"processes of worker {wid}'s host outlived SIGKILL: {left}")
         self.agents[wid].p.wait()
-        psutil.wait_procs(doomed, timeout=10)
-        return [p.pid for p in doomed]
+        return sorted(killed)
 
     def idle_workers(self) -> list[str]:
         return [w.id for w in self.client.workers() if w.alive and w.state == "idle" and not w.job]
@@ -511,6 +514,13 @@ class Stack:
         stop_all([c.proc.p for c in self.controllers], 5)
         self.redis.close()
         self.store.close()
+
+
+def _mount_ns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return None  # exited, or not ours to read
 
 
 def tiny_spec(name: str, **sections: dict) -> dict:
