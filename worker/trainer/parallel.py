@@ -46,6 +46,7 @@ from torch.distributed.tensor.parallel import (
 
 from services.mesh import AXES, Coord, MeshShape
 from services.spec import ParallelSpec
+from worker.trainer.gloo_comms import use_in_place_comms
 from worker.trainer.moe import ExpertGroups, MoE
 
 
@@ -265,3 +266,5 @@ def _data_parallel(
         replicate(module, mesh=mesh, mp_policy=mp)
     else:
         fully_shard(module, mesh=mesh, reshard_after_forward=zero == 3, mp_policy=mp)
+        if mesh.device_type == "cpu":  # gloo: without its full-size copies (gloo_comms.py)
+            use_in_place_comms(module)
