@@ -48,6 +48,7 @@ from services.mesh import AXES, Coord, MeshShape
 from services.spec import ParallelSpec
 from worker.trainer.gloo_comms import use_in_place_comms
 from worker.trainer.moe import ExpertGroups, MoE
+from worker.trainer.vocab_embedding import VocabParallelEmbedding
 
 
 @dataclass(frozen=True)
@@ -130,10 +131,8 @@ def _ends_plan(model: nn.Module, p: ParallelSpec) -> dict:
     The head's logits stay local vocab shards under loss_parallel (see `vocab_sharded`)."""
     stream = Shard(1) if p.sequence_parallel else Replicate()
     plan: dict = {}
-    if model.embed is not None:
-        if p.loss_parallel:
-            plan["embed"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=stream)
-        elif p.sequence_parallel:
+    if model.embed is not None and not p.loss_parallel:  # vocab-parallel: `apply_tp`
+        if p.sequence_parallel:
             plan["embed"] = PrepareModuleOutput(
                 output_layouts=Replicate(), desired_output_layouts=stream
             )
@@ -172,6 +171,8 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, p: ParallelSpec) -> None:
     ends = _ends_plan(model, p)
     if ends:
         parallelize_module(model, tp_mesh, ends)
+    if model.embed is not None and p.loss_parallel:
+        model.embed = VocabParallelEmbedding.shard(model.embed, tp_mesh, stream)
 
 
 def apply_experts(model: nn.Module, mesh: DeviceMesh, p: ParallelSpec) -> None:
