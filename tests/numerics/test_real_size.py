@@ -47,17 +47,21 @@ def available_bytes() -> int:
     return 0
 
 
+# What the eight ranks take together, measured on the 24 GiB build machine inside a 21.5 GiB
+# memory cgroup (issue 12): 19.9 and 20.7 GiB at the peak (step 2, Adam's state alive through
+# forward and backward), every rank at 2.35-3.04 GiB against its bound of 4.21. The peak
+# depends on how the ranks' backward passes line up, so this asks for 1.3 GiB more.
+NEEDS_AVAILABLE = 22 * 2**30
+
+
 @pytest.mark.slow
 def test_1b_cut_to_4_layers_trains_at_dp2_pp2_tp2_within_memory(tmp_path):
     shape = MeshShape(2, 2, 2)
-    need = sum(2 * share_bytes(shape.coord(r).pp) + SLACK for r in range(shape.world_size))
-    if available_bytes() < need:
-        # Measured on the 24 GiB build machine (memory cgroup of 21.5 GiB): step 1 completes,
-        # every rank at 2.9-3.2 GiB (bound 4.2), 18.9 GiB in all; step 2, with Adam's state
-        # alive through forward and backward, passes 21.5 GiB. What is left is transient:
-        # FSDP's all-gather copy-out and gloo's reduce-scatter buffers around the 0.5 GB
-        # vocab shards of the embedding and head. See issue 12.
-        pytest.skip(f"needs {need / 2**30:.0f} GiB available (8 ranks at their bound)")
+    if available_bytes() < NEEDS_AVAILABLE:
+        pytest.skip(
+            f"needs {NEEDS_AVAILABLE / 2**30:.0f} GiB available for 8 ranks at the 1b preset, "
+            f"{available_bytes() / 2**30:.1f} GiB are"
+        )
     run_trainer(
         SPEC, tmp_path, extra=["--metrics-out", str(tmp_path / "steps-{rank}.jsonl")], timeout=900
     )

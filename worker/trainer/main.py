@@ -33,6 +33,7 @@ from worker.trainer.chaos import BitFlips, StepFloor
 from worker.trainer.checkpoint import Checkpointer, restored_line
 from worker.trainer.data import DataError
 from worker.trainer.distributed import init_distributed, shutdown_distributed
+from worker.trainer.memory import return_freed_memory
 from worker.trainer.metrics_file import MetricsFile
 from worker.trainer.parallel import ParallelDims, RankContext
 from worker.trainer.sdc import ReplicaCheck, SilentCorruption
@@ -216,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
     # Milestones as they happen: the controller reads them as progress (a slow start is not
     # a hang) and turns them into a recovery's phase durations.
     metrics.write({"event": "started", "started_at": started_at})
+    return_freed_memory()  # before gloo and autograd start threads (memory.py)
     rank, world, device = init_distributed(timeout_s=max(60.0, spec.fault_tolerance.hang_after_s))
     try:
         check_world_size(spec, world)
