@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     # Milestones as they happen: the controller reads them as progress (a slow start is not
     # a hang) and turns them into a recovery's phase durations.
     metrics.write({"event": "started", "started_at": started_at})
-    return_freed_memory()  # before gloo and autograd start threads (memory.py)
+    return_freed_memory()  # before the first large tensor (memory.py)
     rank, world, device = init_distributed(timeout_s=max(60.0, spec.fault_tolerance.hang_after_s))
     try:
         check_world_size(spec, world)

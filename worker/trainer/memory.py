@@ -21,9 +21,8 @@ def peak_mem_bytes(device: torch.device) -> int:
 
 
 # glibc's mallopt parameters (malloc.h)
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 _MMAP_AND_TRIM_BYTES = 4 << 20
-_ARENAS = 2
 
 
 def return_freed_memory() -> bool:
@@ -31,17 +30,15 @@ def return_freed_memory() -> bool:
 
     By default glibc raises its mmap threshold to the size of each large block freed (up to
     32 MiB), so later tensors of that size come from heaps that are trimmed only from the top,
-    and every thread that allocates (autograd's, gloo's) may get an arena of its own. Freed
-    tensors then stay resident: the 1b preset at 4 layers (tests/numerics/test_real_size.py)
-    went past 21.5 GiB in step 2 with them, and peaked at 19.9 GiB with this (issue 12).
-    Blocks from 4 MiB up are mapped and unmapped on their own; GPU tensors never come here."""
+    and freed ones stay resident below anything allocated after them: the 1b preset at 4
+    layers (tests/numerics/test_real_size.py) went past 21.5 GiB in step 2, and peaks at
+    19.9-20.7 GiB with this (issue 12). Blocks from 4 MiB up are now mapped and unmapped on
+    their own. The number of arenas is left alone: capping it at 2 cost a tenth of zero-0
+    throughput at dp2 (bench/throughput.py: 0.89 of DDP against 1.01), its threads contending
+    for the same heap locks. GPU tensors never come here."""
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     if not hasattr(libc, "mallopt"):
         return False
-    for param, value in (
-        (_M_ARENA_MAX, _ARENAS),
-        (_M_MMAP_THRESHOLD, _MMAP_AND_TRIM_BYTES),
-        (_M_TRIM_THRESHOLD, _MMAP_AND_TRIM_BYTES),
-    ):
-        libc.mallopt(param, value)
+    for param in (_M_MMAP_THRESHOLD, _M_TRIM_THRESHOLD):
+        libc.mallopt(param, _MMAP_AND_TRIM_BYTES)
     return True
