@@ -131,11 +131,11 @@ def _ends_plan(model: nn.Module, p: ParallelSpec) -> dict:
     The head's logits stay local vocab shards under loss_parallel (see `vocab_sharded`)."""
     stream = Shard(1) if p.sequence_parallel else Replicate()
     plan: dict = {}
-    if model.embed is not None and not p.loss_parallel:  # vocab-parallel: `apply_tp`
-        if p.sequence_parallel:
-            plan["embed"] = PrepareModuleOutput(
-                output_layouts=Replicate(), desired_output_layouts=stream
-            )
+    # a vocab-parallel embedding is a module of its own (`apply_tp`), not a plan entry
+    if model.embed is not None and p.sequence_parallel and not p.loss_parallel:
+        plan["embed"] = PrepareModuleOutput(
+            output_layouts=Replicate(), desired_output_layouts=stream
+        )
     if model.head is not None:
         if p.sequence_parallel:
             plan["norm"] = SequenceParallel()
