@@ -1,8 +1,8 @@
 """What per-step in-memory snapshots cost in steady state (docs/architecture.md, "Hot recovery").
 
 The same dp=2 job trained under torchrun twice per round, without snapshots and with a snapshot
-after every step (own ring in /dev/shm plus the buddy rank's copy: a memory copy, both ranks
-on one host), and with `--apart` a third time with each rank in memory of its own, as on two
+after every step (own ring in /dev/shm plus the buddy rank's copy: both ranks on one host, so
+a hard link to the ward's file), and with `--apart` a third time with each rank in memory of its own, as on two
 hosts, so the buddy's copy goes through the network stack (loopback, on these 2 cores), rounds
 alternating so drift on a shared host hits both arms alike. Step time is the median over
 every rank's steps after the first few (warm-up), from one step's end to the next: it counts
@@ -126,7 +126,7 @@ def main() -> None:
     m0, m1 = statistics.median(none), statistics.median(snap)
     print(
         f"model {name}, dp=2, {a.steps} steps x {a.rounds} rounds; a rank's snapshot "
-        f"{size / 2**20:.1f} MiB (own slot; its buddy holds the same again)"
+        f"{size / 2**20:.1f} MiB (own slot; on one host its buddy links the same file)"
     )
     print(f"  median step: none {m0 * 1e3:.1f} ms, snapshots {m1 * 1e3:.1f} ms")
     print(f"snapshots / none ({name}): {m1 / m0:.2f}x (median step time)")

@@ -10,6 +10,11 @@ host shared memory, so a snapshot outlives the trainer that wrote it), per job a
 Each slot's `slot-<i>.json` (step, generation, tensor layout, train state) is written after
 its bytes, by rename: a slot without it is incomplete and never read. A slot being rewritten
 loses its manifest first, so the ring always keeps `keep - 1` complete slots.
+
+A held copy of a ward on the same host is the ward's own file under a second name (a hard
+link: no bytes copied), and a rewrite by the ward cannot remove the holder's manifest. So
+each image also starts with a stamp, its manifest's random id: a rewrite zeroes it first and
+writes the new id last, and a slot counts as complete only while image and manifest agree.
 """
 
 from __future__ import annotations
@@ -21,6 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_ROOT = Path("/dev/shm/meshkeeper")
+STAMP_BYTES = 8  # an image's first bytes: its manifest's id
+HEADER_BYTES = 64  # the stamp, padded to a cache line: the first tensor starts after it
+
+
+def stamp(manifest: dict) -> bytes:
+    """The bytes an image starts with when it holds what `manifest` describes."""
+    return bytes.fromhex(manifest["id"])
 
 
 @dataclass(frozen=True)
@@ -104,7 +116,8 @@ def write_manifest(path: Path, manifest: dict | str) -> str:
 
 
 def complete_slots(d: Path, generation: int) -> dict[int, Slot]:
-    """step -> slot, for every complete slot of `generation` in `d` whose bytes are all there."""
+    """step -> slot, for every complete slot of `generation` in `d` whose bytes are all there
+    and still the manifest's (stamped with its id)."""
     out: dict[int, Slot] = {}
     for m in sorted(d.glob("slot-*.json")) if d.is_dir() else []:
         try:
@@ -112,6 +125,9 @@ def complete_slots(d: Path, generation: int) -> dict[int, Slot]:
             b = m.with_suffix(".bin")
             if manifest["generation"] != generation or b.stat().st_size < manifest["nbytes"]:
                 continue
+            with b.open("rb") as f:
+                if f.read(STAMP_BYTES) != stamp(manifest):
+                    continue  # being rewritten, or rewritten since (under another name)
             out[int(manifest["step"])] = Slot(b, manifest)
         except (OSError, ValueError, KeyError, TypeError):
             continue  # torn by a rewrite, or not ours: not a snapshot

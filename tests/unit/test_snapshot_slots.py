@@ -1,17 +1,26 @@
 """Which in-memory snapshot slots count as complete (worker/snapshots.py): only those whose
-manifest was written, for the generation asked, over bytes that are all there."""
+manifest was written, for the generation asked, over bytes that are all there and stamped
+with the manifest's id."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from worker.snapshots import SnapshotPlan, complete_slots, prune_generations, write_manifest
+from worker.snapshots import (
+    SnapshotPlan,
+    complete_slots,
+    prune_generations,
+    stamp,
+    write_manifest,
+)
 
 
 def slot(d: Path, i: int, *, step: int, generation: int, nbytes: int, written: int) -> None:
     d.mkdir(parents=True, exist_ok=True)
-    (d / f"slot-{i}.bin").write_bytes(b"\0" * written)
-    write_manifest(d / f"slot-{i}.json", {"step": step, "generation": generation, "nbytes": nbytes})
+    manifest = {"id": f"{step:016x}", "step": step, "generation": generation, "nbytes": nbytes}
+    image = stamp(manifest) + b"\0" * (written - 8)
+    (d / f"slot-{i}.bin").write_bytes(image)
+    write_manifest(d / f"slot-{i}.json", manifest)
 
 
 def test_a_slot_with_its_manifest_and_all_its_bytes_is_complete(tmp_path):
@@ -28,6 +37,22 @@ def test_a_slot_without_a_manifest_is_never_read(tmp_path):
 
 def test_a_slot_shorter_than_its_manifest_says_is_not_complete(tmp_path):
     slot(tmp_path, 0, step=7, generation=3, nbytes=128, written=64)
+    assert complete_slots(tmp_path, 3) == {}
+
+
+def test_a_slot_whose_image_lost_its_stamp_is_not_complete(tmp_path):
+    """What a ward's rewrite does to the file its holder links: its manifest stays, but the
+    bytes are no longer the ones it describes."""
+    slot(tmp_path, 0, step=7, generation=3, nbytes=128, written=128)
+    with (tmp_path / "slot-0.bin").open("r+b") as f:
+        f.write(bytes(8))
+    assert complete_slots(tmp_path, 3) == {}
+
+
+def test_a_slot_stamped_for_another_manifest_is_not_complete(tmp_path):
+    slot(tmp_path, 0, step=7, generation=3, nbytes=128, written=128)
+    with (tmp_path / "slot-0.bin").open("r+b") as f:
+        f.write(stamp({"id": f"{8:016x}"}))
     assert complete_slots(tmp_path, 3) == {}
 
 

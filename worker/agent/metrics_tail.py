@@ -46,7 +46,8 @@ class SnapshotTaken(Record):
     step: int
     ok: bool = True  # False: this rank's own copy failed (error says why)
     held: dict[str, int] | None = None
-    # ward -> how its copy came: "memory" (read from its file on this host) or "network"
+    # ward -> how its copy came: "link" (its file on this host, under a second name),
+    # "memory" (copied from that file, where no link could be made) or "network"
     held_via: dict[str, str] | None = None
     error: str | None = None
 

@@ -7,14 +7,16 @@ and hands them to one background thread, which
    snapshot outlives this process) and commits the slot by writing its manifest last;
 2. offers the slot to the rank's holder over a gloo group of its own, and takes its wards'
    slots into its `held/` ring (every rank does both at every snapshot, so the messages always
-   pair up; worker/trainer/snapshot_wire.py). A ward whose file this rank can read, on the
-   same host memory, is copied from that file; only a ward on another host sends its bytes
-   over the network.
+   pair up; worker/trainer/snapshot_wire.py). A ward whose file this rank can read, in the
+   same host memory, is held by a hard link to that file: no bytes move, and the copy still
+   outlives the ward's directory. Only a ward on another host sends its bytes over the
+   network.
 The training thread waits only for step 1, and only just before the next optimizer step
 would change the tensors being copied (`wait_copied`, called as the step's `before_update`).
 One thread, first in first out: the copy of step N+1 starts after the exchange of step N,
-which ends only once the holder has its copy (its answer comes after a memory copy), so a slot
-is never rewritten while it is being read.
+which ends only once the holder has its copy (its answer comes after its link), so a slot is
+never rewritten while it is being read. A rewrite zeroes the slot's stamp first
+(worker/snapshots.py): the holder's linked copy of the old step stops counting as complete.
 
 A failed copy (say /dev/shm is full) is reported and training goes on: the rank offers
 nothing, so its holder skips that copy and the exchange stays paired.
@@ -22,6 +24,7 @@ nothing, so its holder skips that copy and the exchange stays paired.
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
 from collections.abc import Callable
@@ -33,7 +36,13 @@ import torch
 import torch.distributed as dist
 
 from worker.snapshots import SnapshotPlan, discard_after, slot_paths, write_manifest
-from worker.trainer.snapshot_state import Captured, copy_into, destinations, layout
+from worker.trainer.snapshot_state import (
+    Captured,
+    copy_into,
+    destinations,
+    layout,
+    write_stamp,
+)
 from worker.trainer.snapshot_wire import (
     Offer,
     isend_answer,
@@ -70,19 +79,52 @@ class Ring:
         self.maps: dict[Path, torch.Tensor] = {}
         self.views: dict[Path, tuple[list, torch.Tensor, list[torch.Tensor]]] = {}
         self.pin, self.pinned = pin, None  # pinned: (slot index, manifest)
+        self.linked: set[int] = set()  # slots whose file is a ward's own, linked here
 
-    def claim(self, nbytes: int) -> tuple[int, Path, Path, torch.Tensor]:
-        """The next slot, its manifest removed first: it is incomplete until rewritten."""
+    def _turn(self) -> tuple[int, Path, Path]:
+        """The next slot's index and paths, its manifest removed: incomplete until rewritten."""
         if self.pinned is not None and self.next == self.pinned[0]:
             self.next = (self.next + 1) % self.size
         i = self.next
         bin_path, man_path = slot_paths(self.d, i)
         self.next = (i + 1) % self.size
         man_path.unlink(missing_ok=True)
+        return i, bin_path, man_path
+
+    def _forget(self, bin_path: Path) -> None:
+        self.maps.pop(bin_path, None)
+        self.views.pop(bin_path, None)
+
+    def claim(self, nbytes: int) -> tuple[int, Path, Path, torch.Tensor]:
+        """The next slot to write, its stamp zeroed before any byte changes. A slot that held
+        a link to a ward's file gets a file of its own first: a ring writes only its own."""
+        i, bin_path, man_path = self._turn()
+        if i in self.linked:
+            self.linked.discard(i)
+            bin_path.unlink(missing_ok=True)
+            self._forget(bin_path)
         image = self.maps.get(bin_path)
         if image is None or image.numel() < nbytes:
             image = self.maps[bin_path] = map_file(bin_path, nbytes)
+        write_stamp(image, None)
         return i, bin_path, man_path, image
+
+    def link(self, src: Path, manifest: dict, text: str) -> None:
+        """Commit a ward's complete slot file `src`, on this host, as the next slot: a second
+        name for the same bytes, which outlives the ward's own name. Raises OSError where no
+        link can be made (another file system): the caller copies instead."""
+        tmp = self.d / "link.tmp"
+        self.d.mkdir(parents=True, exist_ok=True)
+        tmp.unlink(missing_ok=True)
+        os.link(src, tmp)  # first, so a failure leaves the ring as it was
+        i, bin_path, man_path = self._turn()
+        if bin_path.exists() and os.path.samefile(bin_path, tmp):
+            tmp.unlink()
+        else:
+            os.replace(tmp, bin_path)
+            self._forget(bin_path)  # a file this ring wrote before is freed once unmapped
+        self.linked.add(i)
+        self.commit(i, man_path, manifest, text)
 
     def destinations(self, bin_path: Path, lay: list) -> list[torch.Tensor]:
         """The slot's tensor views for layout `lay`, made once per slot, mapping and layout."""
@@ -181,7 +223,7 @@ class Snapshotter:
             if self._layout is None or self._layout[0] != key:
                 self._layout = (key, *layout(captured.tensors))
             _, lay, nbytes = self._layout
-            i, bin_path, man_path, _ = self.own.claim(nbytes)
+            i, bin_path, man_path, image = self.own.claim(nbytes)
             dst = self.own.destinations(bin_path, lay)
             if self.side is not None:
                 with torch.cuda.stream(self.side):
@@ -200,6 +242,7 @@ class Snapshotter:
                 "state": captured.state,
                 "checked": checked,
             }
+            write_stamp(image, manifest)  # the bytes are the manifest's from here on
             text = self.own.commit(i, man_path, manifest)
             return Copied(step, bin_path, manifest, text)
         except (OSError, RuntimeError) as e:
@@ -225,13 +268,11 @@ class Snapshotter:
                 m = offer.manifest
                 if m.get("generation") != self.plan.generation or m.get("rank") != w:
                     raise ValueError(f"rank {w} offered a snapshot of another world: {m}"[:300])
-                i, _, man_path, image = self.held[w].claim(offer.nbytes)
-                if offer.visible():  # on this host: a memory copy, no network
-                    image[: offer.nbytes].copy_(self._peer_image(offer))
-                    self.held[w].commit(i, man_path, m, offer.text)
-                    held[str(w)], via[str(w)] = m["step"], "memory"
+                if offer.visible():  # on this host: no network
+                    held[str(w)], via[str(w)] = m["step"], self._hold_local(w, offer)
                 else:
                     need = True
+                    i, _, man_path, image = self.held[w].claim(offer.nbytes)
                     incoming.append((w, offer, i, man_path, image))
             except (OSError, RuntimeError, ValueError) as e:
                 errors.append(f"copy of rank {w}: {type(e).__name__}: {e}")
@@ -251,6 +292,19 @@ class Snapshotter:
         if errors:
             line["error"] = "; ".join(errors)[:500]
         return line
+
+    def _hold_local(self, ward: int, offer: Offer) -> str:
+        """Hold a ward's slot on this host: by a link to its file, or, where none can be made
+        (the holder's snapshot directory on another file system), by a memory copy."""
+        ring = self.held[ward]
+        try:
+            ring.link(offer.path, offer.manifest, offer.text)
+            return "link"
+        except OSError:
+            i, _, man_path, image = ring.claim(offer.nbytes)
+            image[: offer.nbytes].copy_(self._peer_image(offer))
+            ring.commit(i, man_path, offer.manifest, offer.text)
+            return "memory"
 
     def _peer_image(self, offer: Offer) -> torch.Tensor:
         """A ward's slot file on this host, mapped once and reused: its ring rewrites the same

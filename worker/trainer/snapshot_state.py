@@ -18,6 +18,8 @@ from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
+from worker.snapshots import HEADER_BYTES, STAMP_BYTES, stamp
+
 ALIGN = 64  # every tensor starts on a cache line, so a byte slice views as any dtype
 
 
@@ -89,8 +91,9 @@ def capture(
 
 
 def layout(tensors: list[tuple[str, torch.Tensor]]) -> tuple[list[list], int]:
-    """[[key, dtype, shape, offset, nbytes], ...] and the image's total size."""
-    out, off = [], 0
+    """[[key, dtype, shape, offset, nbytes], ...] and the image's total size; the tensors
+    start after the header that holds the image's stamp (worker/snapshots.py)."""
+    out, off = [], HEADER_BYTES
     for key, t in tensors:
         nbytes = t.numel() * t.element_size()
         out.append([key, str(t.dtype).removeprefix("torch."), list(t.shape), off, nbytes])
@@ -113,6 +116,12 @@ def copy_into(dst: list[torch.Tensor], tensors: list[tuple[str, torch.Tensor]]) 
     torch._foreach_copy_(dst, [t for _, t in tensors])
 
 
+def write_stamp(image: torch.Tensor, manifest: dict | None) -> None:
+    """Mark `image` as holding what `manifest` describes; None: as holding nothing yet."""
+    mark = bytes(STAMP_BYTES) if manifest is None else stamp(manifest)
+    image[:STAMP_BYTES].copy_(torch.frombuffer(bytearray(mark), dtype=torch.uint8))
+
+
 def views(image: torch.Tensor, lay: list) -> dict[str, torch.Tensor]:
     return {entry[0]: v for entry, v in zip(lay, destinations(image, lay), strict=True)}
 
@@ -126,7 +135,13 @@ def load(
     image: torch.Tensor,
 ) -> dict:
     """Put the image back into this rank's live state; returns the train state it held.
-    Raises KeyError or RuntimeError when the image was taken on another layout."""
+    Raises KeyError or RuntimeError when the image was taken on another layout, and
+    RuntimeError when it no longer holds what the manifest describes (its stamp differs)."""
+    if bytes(image[:STAMP_BYTES].numpy()) != stamp(manifest):
+        raise RuntimeError(
+            f"snapshot of rank {manifest.get('rank')} step {manifest.get('step')}: its image "
+            "was rewritten after its manifest was read"
+        )
     v = views(image, manifest["tensors"])
     state = manifest["state"]
     for i, (part, opt) in enumerate(zip(parts, optimizers, strict=True)):
