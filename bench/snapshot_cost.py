@@ -2,11 +2,12 @@
 
 The same dp=2 job trained under torchrun twice per round, without snapshots and with a snapshot
 after every step (own ring in /dev/shm plus the buddy rank's copy: both ranks on one host, so
-a hard link to the ward's file), and with `--apart` a third time with each rank in memory of its own, as on two
-hosts, so the buddy's copy goes through the network stack (loopback, on these 2 cores), rounds
-alternating so drift on a shared host hits both arms alike. Step time is the median over
-every rank's steps after the first few (warm-up), from one step's end to the next: it counts
-what the training thread does between steps (capturing the state for a snapshot) too.
+a hard link to the ward's file), and with `--apart` a third time with each rank in memory of
+its own, as on two hosts, so the buddy's copy goes through the network stack (loopback, on
+these 2 cores), rounds alternating so drift on a shared host hits both arms alike. Step time
+is the median over every rank's steps after the first few (warm-up), from one step's end to
+the next: it counts what the training thread does between steps (capturing the state for a
+snapshot) too.
 
     python bench/snapshot_cost.py [--preset small] [--d-model 512 ...] [--steps 40] [--rounds 2]
 
