@@ -53,6 +53,18 @@ from worker.trainer.snapshot_wire import (
 )
 
 
+def _yield_to_training() -> None:
+    """Run the calling thread on CPU time the training thread leaves over (Linux SCHED_IDLE):
+    a rank's idle moments, waiting in a collective or on its GPU. Where every core is busy,
+    the copy would otherwise preempt the step, and the other ranks wait for that one in their
+    next collective. A copy still running at the next optimizer step holds that step up
+    (`wait_copied`), which leaves it the CPU: snapshots never fall behind."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
+    except (AttributeError, OSError):
+        pass  # not Linux, or not allowed here: the thread keeps the default policy
+
+
 def map_file(path: Path, nbytes: int) -> torch.Tensor:
     """A uint8 tensor backed by `path` (created and sized as needed), shared with the file."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -166,7 +178,9 @@ class Snapshotter:
         self.group = dist.new_group(backend="gloo")
         self.own = Ring(plan.own_dir(rank), plan.keep, pin_checked)
         self.held = {w: Ring(plan.held_dir(w), plan.keep, pin_checked) for w in self.wards}
-        self.thread = ThreadPoolExecutor(1, thread_name_prefix="snapshot")
+        self.thread = ThreadPoolExecutor(
+            1, thread_name_prefix="snapshot", initializer=_yield_to_training
+        )
         self.copying: Future | None = None
         self.exchanges: list[Future] = []
         self.peer_maps: dict[Path, torch.Tensor] = {}
