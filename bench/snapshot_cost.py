@@ -9,16 +9,28 @@ is the median over every rank's steps after the first few (warm-up), from one st
 the next: it counts what the training thread does between steps (capturing the state for a
 snapshot) too.
 
+Separate runs on a shared host drift apart by more than a few percent (on 2 cores, the same
+code gave 0.94x to 1.10x on different days), so each round also makes one paired
+measurement that drift cannot reach: a run with a snapshot after every second step, where
+each step that follows a snapshot is compared with the plain step right after it, on the
+same rank. The median of those ratios is a snapshot's cost per step (a snapshot's copy and
+exchange end well within one step, so taking one every step costs each step the same); the
+interval around it is a bootstrap of the median over the pairs. The same ratio over the run
+without snapshots is the control: what the method reads when there is nothing to find.
+
     python bench/snapshot_cost.py [--preset small] [--d-model 512 ...] [--steps 40] [--rounds 2]
 
-Summary lines (stable): `snapshots / none (<model>): X.XXx (median step time)`, and with
-`--apart` `snapshots, buddy on another host / none (<model>): X.XXx (median step time)`.
+Summary lines (stable): `snapshots / none (<model>): X.XXx (median step time)`,
+`snapshot step / next step, same run (<model>): X.XXx (median of N pairs, 90% A-B; control
+C.CCx)`, and with `--apart` `snapshots, buddy on another host / none (<model>): X.XXx (median
+step time)`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -32,6 +44,7 @@ from bench.common import ENV, ROOT, own_memory, spec_file, torchrun  # noqa: E40
 from services.procs import free_port  # noqa: E402
 
 WARMUP = 3
+PAIRED_EVERY = 2  # the paired run's snapshots: after even steps, so odd steps follow one
 
 
 def job(model: dict, steps: int) -> dict:
@@ -44,31 +57,57 @@ def job(model: dict, steps: int) -> dict:
     }
 
 
-def run(spec: dict, snapshots: bool, apart: bool = False) -> tuple[list[float], int]:
-    """Step times of every rank after warm-up, and one rank's snapshot size in bytes (0 when
-    `apart`: each rank then runs in memory of its own, which this process cannot see)."""
+def run(
+    spec: dict, snapshots: bool, apart: bool = False, every: int = 1
+) -> tuple[list[dict[int, float]], int]:
+    """Per rank, each step's time (step number -> seconds) after warm-up, and one rank's
+    snapshot size in bytes (0 when `apart`: each rank then runs in memory of its own, which
+    this process cannot see); with `snapshots`, one after every `every` steps."""
     with tempfile.TemporaryDirectory() as d, tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
         d = Path(d)
         args = ["-m", "worker.trainer", "--spec", str(spec_file(spec, d))]
         args += ["--metrics-out", str(d / "steps-{rank}.jsonl"), "--quiet"]
         if snapshots:
-            plan = {"dir": shm, "generation": 1, "every": 1, "keep": 2, "holders": {0: 1, 1: 0}}
+            plan = {"dir": shm, "generation": 1, "every": every, "keep": 2}
+            plan["holders"] = {0: 1, 1: 0}
             (d / "plan.json").write_text(json.dumps(plan))
             args += ["--snapshot-plan", str(d / "plan.json")]
         if apart:
             two_hosts(args)
         else:
             torchrun(2, args)
-        times = []
+        ranks = []
         for f in sorted(d.glob("steps-*.jsonl")):
             ends = [
-                r["time"]
+                (r["step"], r["time"])
                 for r in map(json.loads, f.read_text().splitlines())
                 if "step_s" in r and r["step"] > WARMUP
             ]
-            times += [b - a for a, b in pairwise(ends)]
+            ranks.append({s: t - t0 for (_, t0), (s, t) in pairwise(ends)})
         size = sum(p.stat().st_size for p in Path(shm).glob("g1/r0/slot-0.bin"))
-        return times, size
+        return ranks, size
+
+
+def pooled(ranks: list[dict[int, float]]) -> list[float]:
+    return [t for steps in ranks for t in steps.values()]
+
+
+def pair_ratios(ranks: list[dict[int, float]]) -> list[float]:
+    """Each step that follows a snapshot in the paired run (an odd one: its interval holds the
+    capture and the copy), over the step right after it, on the same rank."""
+    return [
+        steps[s] / steps[s + 1]
+        for steps in ranks
+        for s in steps
+        if s % PAIRED_EVERY == 1 and s + 1 in steps
+    ]
+
+
+def interval(ratios: list[float], draws: int = 2000) -> tuple[float, float]:
+    """A 90% bootstrap interval for the median of `ratios` (seeded: runs compare)."""
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(draws))
+    return meds[draws // 20], meds[-draws // 20]
 
 
 def two_hosts(args: list[str]) -> None:
@@ -114,14 +153,18 @@ def main() -> None:
         model, name = {"preset": a.preset}, a.preset
     spec = job(model, a.steps)
     none, snap, apart, size = [], [], [], 0
+    pairs, control = [], []
     for i in range(a.rounds):
-        none += run(spec, False)[0]
-        t, size = run(spec, True)
-        snap += t
+        ranks = run(spec, False)[0]
+        none += pooled(ranks)
+        control += pair_ratios(ranks)
+        ranks, size = run(spec, True)
+        snap += pooled(ranks)
+        pairs += pair_ratios(run(spec, True, every=PAIRED_EVERY)[0])
         line = f"  round {i + 1}: none {statistics.median(none) * 1e3:.1f} ms, snapshots "
-        line += f"{statistics.median(snap) * 1e3:.1f} ms"
+        line += f"{statistics.median(snap) * 1e3:.1f} ms, paired {statistics.median(pairs):.3f}x"
         if a.apart:
-            apart += run(spec, True, apart=True)[0]
+            apart += pooled(run(spec, True, apart=True)[0])
             line += f", buddy on another host {statistics.median(apart) * 1e3:.1f} ms"
         print(line, flush=True)
     m0, m1 = statistics.median(none), statistics.median(snap)
@@ -131,6 +174,12 @@ def main() -> None:
     )
     print(f"  median step: none {m0 * 1e3:.1f} ms, snapshots {m1 * 1e3:.1f} ms")
     print(f"snapshots / none ({name}): {m1 / m0:.2f}x (median step time)")
+    lo, hi = interval(pairs)
+    print(
+        f"snapshot step / next step, same run ({name}): {statistics.median(pairs):.3f}x "
+        f"(median of {len(pairs)} pairs, 90% {lo:.3f}-{hi:.3f}; "
+        f"control {statistics.median(control):.3f}x)"
+    )
     if a.apart:
         m2 = statistics.median(apart)
         print(

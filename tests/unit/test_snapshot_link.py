@@ -1,16 +1,17 @@
 """A ward's copy held on its own host is a hard link to the ward's slot file
 (worker/trainer/snapshot.py `Ring.link`): it outlives the ward's directory, a rewrite by the
-ward voids it through the image's stamp, and the holder never writes into the ward's file."""
+ward voids it through the image's stamp, and the holder never writes into the ward's file;
+an offer counts as on this host by that stamp."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
-from worker.snapshots import complete_slots, slot_paths
+from worker.snapshots import complete_slots, encode_manifest, slot_paths
 from worker.trainer.snapshot import Ring
 from worker.trainer.snapshot_state import write_stamp
+from worker.trainer.snapshot_wire import Offer
 
 G = 1
 NBYTES = 4096
@@ -31,7 +32,7 @@ def take(own: Ring, step: int) -> Path:
 
 def hold(held: Ring, src: Path, step: int) -> None:
     """What the holder does with a ward's offer on its own host."""
-    held.link(src, manifest(step), json.dumps(manifest(step)))
+    held.link(src, manifest(step), encode_manifest(manifest(step)))
 
 
 def payload(path: Path) -> set[int]:
@@ -88,3 +89,19 @@ def test_a_held_ring_never_writes_into_a_linked_file(tmp_path):
     assert payload(ward_file) == {1}
     assert sorted(complete_slots(own.d, G)) == [1]
     assert set(bin_path.read_bytes()) == {9}
+
+
+def test_an_offer_is_visible_only_where_its_file_holds_the_offered_slot(tmp_path):
+    """What decides link (or memory copy) against network: the offered file's stamp. Another
+    host's same-named file, or the ward's slot once it is being rewritten, is not the slot."""
+    own = Ring(tmp_path / "ward" / "r1", 2)
+    ward_file = take(own, 4)
+    offer = Offer(encode_manifest(manifest(4)), NBYTES, ward_file)
+    assert offer.visible()
+    assert not Offer(encode_manifest(manifest(5)), NBYTES, ward_file).visible()
+    assert not Offer(offer.raw, NBYTES, tmp_path / "elsewhere" / ward_file.name).visible()
+    longer = {**manifest(4), "nbytes": NBYTES + 64}  # the file lacks some of its bytes
+    assert not Offer(encode_manifest(longer), NBYTES + 64, ward_file).visible()
+    own.next = 0
+    own.claim(NBYTES)  # the ward starts rewriting that slot
+    assert not offer.visible()

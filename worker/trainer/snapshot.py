@@ -19,14 +19,15 @@ never rewritten while it is being read. A rewrite zeroes the slot's stamp first
 (worker/snapshots.py): the holder's linked copy of the old step stops counting as complete.
 
 A failed copy (say /dev/shm is full) is reported and training goes on: the rank offers
-nothing, so its holder skips that copy and the exchange stays paired.
+nothing, so its holder skips that copy and the exchange stays paired. A failed exchange (a
+buddy died) ends snapshots for this trainer: the ring then keeps the step whose copies the
+recovery restores.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -76,7 +77,7 @@ class Copied:
     step: int
     bin: Path | None  # None: the copy failed (error says why)
     manifest: dict | None
-    text: str | None = None  # the manifest's JSON
+    raw: bytes | None = None  # the manifest's JSON
     error: str = ""
 
 
@@ -121,7 +122,7 @@ class Ring:
         write_stamp(image, None)
         return i, bin_path, man_path, image
 
-    def link(self, src: Path, manifest: dict, text: str) -> None:
+    def link(self, src: Path, manifest: dict, raw: bytes) -> None:
         """Commit a ward's complete slot file `src`, on this host, as the next slot: a second
         name for the same bytes, which outlives the ward's own name. Raises OSError where no
         link can be made (another file system): the caller copies instead."""
@@ -136,7 +137,7 @@ class Ring:
             os.replace(tmp, bin_path)
             self._forget(bin_path)  # a file this ring wrote before is freed once unmapped
         self.linked.add(i)
-        self.commit(i, man_path, manifest, text)
+        self.commit(i, man_path, manifest, raw)
 
     def destinations(self, bin_path: Path, lay: list) -> list[torch.Tensor]:
         """The slot's tensor views for layout `lay`, made once per slot, mapping and layout."""
@@ -146,12 +147,12 @@ class Ring:
             got = self.views[bin_path] = (lay, image, destinations(image, lay))
         return got[2]
 
-    def commit(self, i: int, man_path: Path, manifest: dict, text: str | None = None) -> str:
-        """Complete slot `i`; `text`: the manifest's JSON when already encoded. Returns it."""
-        text = write_manifest(man_path, manifest if text is None else text)
+    def commit(self, i: int, man_path: Path, manifest: dict, raw: bytes | None = None) -> bytes:
+        """Complete slot `i`; `raw`: the manifest's JSON when already encoded. Returns it."""
+        raw = write_manifest(man_path, manifest if raw is None else raw)
         if self.pin and manifest.get("checked"):
             self.pinned = (i, manifest)
-        return text
+        return raw
 
     def checked(self) -> tuple[dict, torch.Tensor] | None:
         """The pinned slot's manifest and image."""
@@ -184,8 +185,8 @@ class Snapshotter:
         self.copying: Future | None = None
         self.exchanges: list[Future] = []
         self.peer_maps: dict[Path, torch.Tensor] = {}
-        self.blocking_s = 0.0
         self._layout: tuple[tuple, list, int] | None = None
+        self.broken = ""  # why an exchange failed: its holder or a ward is gone
         self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def due(self, step: int) -> bool:
@@ -204,10 +205,8 @@ class Snapshotter:
 
     def wait_copied(self) -> None:
         """Block until the in-flight copy no longer reads the live tensors."""
-        if self.copying is not None and not self.copying.done():
-            t0 = time.perf_counter()
+        if self.copying is not None:
             self.copying.result()
-            self.blocking_s += time.perf_counter() - t0
 
     def poll(self) -> None:
         """Report the snapshots whose exchange finished (on the training thread: the metrics
@@ -232,6 +231,10 @@ class Snapshotter:
 
     # -- the background thread --------------------------------------------------------------
     def _copy(self, step: int, captured: Captured, ready, checked: bool) -> Copied:
+        if self.broken:
+            # A buddy is gone, so the job is about to recover, from the newest step whose
+            # copies all arrived: writing this one would turn the ring past that step's slot.
+            return Copied(step, None, None, error=f"not taken: an exchange failed ({self.broken})")
         try:
             key = tuple((k, t.dtype, tuple(t.shape)) for k, t in captured.tensors)
             if self._layout is None or self._layout[0] != key:
@@ -257,20 +260,27 @@ class Snapshotter:
                 "checked": checked,
             }
             write_stamp(image, manifest)  # the bytes are the manifest's from here on
-            text = self.own.commit(i, man_path, manifest)
-            return Copied(step, bin_path, manifest, text)
+            return Copied(step, bin_path, manifest, self.own.commit(i, man_path, manifest))
         except (OSError, RuntimeError) as e:
             return Copied(step, None, None, error=f"{type(e).__name__}: {e}")
 
     def _exchange(self, copying: Future) -> dict:
         """Offer this rank's slot to its holder; take each ward's into held/ (the phases of
-        worker/trainer/snapshot_wire.py: every offer, then every answer, then the images)."""
+        worker/trainer/snapshot_wire.py: every offer, then every answer, then the images).
+        A failure of the group (a peer died) stops all further snapshots (`_copy`)."""
+        try:
+            return self._pair_up(copying)
+        except RuntimeError as e:  # gloo's errors (DistBackendError is one)
+            self.broken = f"{type(e).__name__}: {e}"[:300]
+            raise
+
+    def _pair_up(self, copying: Future) -> dict:
         copied: Copied = copying.result()
         offered = self.holder is not None and copied.manifest is not None
         sends = []
         if self.holder is not None:
             nbytes = copied.manifest["nbytes"] if offered else 0
-            sends = isend_offer(copied.text, nbytes, copied.bin, self.holder, self.group)
+            sends = isend_offer(copied.raw, nbytes, copied.bin, self.holder, self.group)
         held, via, errors = {}, {}, [copied.error] if copied.error else []
         incoming = []  # (ward, offer, held slot): bytes that come over the network
         for w in self.wards:
@@ -296,7 +306,7 @@ class Snapshotter:
             sends += isend_image(image, copied.manifest["nbytes"], self.holder, self.group)
         for w, offer, i, man_path, image in incoming:
             dist.recv(image[: offer.nbytes], w, group=self.group)
-            self.held[w].commit(i, man_path, offer.manifest, offer.text)
+            self.held[w].commit(i, man_path, offer.manifest, offer.raw)
             held[str(w)], via[str(w)] = offer.manifest["step"], "network"
         for s in sends:
             s.wait()
@@ -312,12 +322,12 @@ class Snapshotter:
         (the holder's snapshot directory on another file system), by a memory copy."""
         ring = self.held[ward]
         try:
-            ring.link(offer.path, offer.manifest, offer.text)
+            ring.link(offer.path, offer.manifest, offer.raw)
             return "link"
         except OSError:
             i, _, man_path, image = ring.claim(offer.nbytes)
             image[: offer.nbytes].copy_(self._peer_image(offer))
-            ring.commit(i, man_path, offer.manifest, offer.text)
+            ring.commit(i, man_path, offer.manifest, offer.raw)
             return "memory"
 
     def _peer_image(self, offer: Offer) -> torch.Tensor:

@@ -27,7 +27,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from worker.snapshots import Slot, SnapshotPlan, complete_slots
+from worker.snapshots import Slot, SnapshotPlan, complete_slots, encode_manifest
 from worker.trainer.distributed import rendezvous_store
 from worker.trainer.snapshot_state import load
 from worker.trainer.snapshot_wire import (
@@ -111,7 +111,9 @@ def restore_from_memory(
     sends = [
         w
         for state, slot in serve.items()
-        for w in isend_offer(json.dumps(slot.manifest), slot.manifest["nbytes"], slot.bin, state)
+        for w in isend_offer(
+            encode_manifest(slot.manifest), slot.manifest["nbytes"], slot.bin, state
+        )
     ]
     source = plan.sources[rank]
     if source == rank:

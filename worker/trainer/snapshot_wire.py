@@ -18,43 +18,40 @@ a ring of ranks that are each other's buddies never deadlocks.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+import orjson
 import torch
 import torch.distributed as dist
+
+from worker.snapshots import holds
 
 
 @dataclass(frozen=True)
 class Offer:
-    text: str  # the slot's manifest, as JSON: a held copy is committed as it came
+    raw: bytes  # the slot's manifest, as JSON: a held copy is committed as it came
     nbytes: int
     path: Path  # the sender's slot file, as the sender sees it
 
     @cached_property
     def manifest(self) -> dict:
-        return json.loads(self.text)
+        return orjson.loads(self.raw)
 
     def visible(self) -> bool:
-        """Whether this process sees the sender's very file: its manifest here is the offered
-        one, whose random `id` no other slot shares (a same-named file on another host's
-        memory holds another id)."""
-        try:
-            here = json.loads(self.path.with_suffix(".json").read_text())
-            size = self.path.stat().st_size
-        except (OSError, ValueError):
-            return False
-        return here.get("id") == self.manifest.get("id") and size >= self.nbytes
+        """Whether this process sees the sender's very file: a file of that name here that
+        holds the offered slot, stamped with its random `id` (a same-named file in another
+        host's memory holds another)."""
+        return holds(self.path, self.manifest)
 
 
-def isend_offer(text: str | None, nbytes: int, path: Path | None, dst: int, group=None) -> list:
+def isend_offer(raw: bytes | None, nbytes: int, path: Path | None, dst: int, group=None) -> list:
     """Offer one slot: its manifest's JSON, image size and file (None: an empty header); the
     caller waits on the works."""
-    if text is None or path is None:
+    if raw is None or path is None:
         return [dist.isend(torch.tensor([0, 0, -1], dtype=torch.int64), dst, group=group)]
-    where, what = str(path).encode(), text.encode()
+    where, what = str(path).encode(), raw
     body = torch.frombuffer(bytearray(where + what), dtype=torch.uint8)
     hdr = torch.tensor([len(where), len(what), nbytes], dtype=torch.int64)
     return [dist.isend(t, dst, group=group) for t in (hdr, body)]
@@ -70,7 +67,7 @@ def recv_offer(src: int, group=None) -> Offer | None:
     body = torch.empty(path_len + text_len, dtype=torch.uint8)
     dist.recv(body, src, group=group)
     raw = bytes(body.numpy())
-    return Offer(raw[path_len:].decode(), nbytes, Path(raw[:path_len].decode()))
+    return Offer(raw[path_len:], nbytes, Path(raw[:path_len].decode()))
 
 
 def isend_answer(need_bytes: bool, dst: int, group=None) -> list:
