@@ -124,14 +124,15 @@ def write_manifest(path: Path, manifest: dict | bytes) -> bytes:
 
 def holds(image: Path, manifest: dict) -> bool:
     """Whether the image file `image` holds all that `manifest` describes: stamped with its
-    id (no other slot, on any host, has it) and long enough. False where it cannot be read."""
+    id (no other slot, on any host, has it) and long enough. False where it cannot be read,
+    or the manifest names no id and size."""
     try:
         with image.open("rb") as f:
             return (
                 f.read(STAMP_BYTES) == stamp(manifest)
                 and os.fstat(f.fileno()).st_size >= manifest["nbytes"]
             )
-    except OSError:
+    except (OSError, KeyError, ValueError, TypeError):
         return False
 
 

@@ -102,6 +102,7 @@ def test_an_offer_is_visible_only_where_its_file_holds_the_offered_slot(tmp_path
     assert not Offer(offer.raw, NBYTES, tmp_path / "elsewhere" / ward_file.name).visible()
     longer = {**manifest(4), "nbytes": NBYTES + 64}  # the file lacks some of its bytes
     assert not Offer(encode_manifest(longer), NBYTES + 64, ward_file).visible()
+    assert not Offer(b'{"step": 4}', NBYTES, ward_file).visible()  # names no id
     own.next = 0
     own.claim(NBYTES)  # the ward starts rewriting that slot
     assert not offer.visible()
