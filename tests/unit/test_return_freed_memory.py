@@ -46,5 +46,7 @@ def test_freed_tensors_leave_the_resident_set():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc and /proc")
 def test_without_it_glibc_keeps_them():
     """The case the call exists for, so the test above can fail for the right reason. How
-    many of the blocks glibc keeps varies with the heap's layout (2, 6 or 8 of 8 seen)."""
-    assert resident_after_free("off") > 0.2
+    many of the blocks glibc keeps varies from process to process, even with address-space
+    randomization off (0, 6 or 8 of 8 seen; 0 in about 2 runs of 5), so this asks only that
+    some fresh process of up to 10 keeps them."""
+    assert any(resident_after_free("off") > 0.2 for _ in range(10))
