@@ -21,8 +21,8 @@ without snapshots is the control: what the method reads when there is nothing to
     python bench/snapshot_cost.py [--preset small] [--d-model 512 ...] [--steps 40] [--rounds 2]
 
 Summary lines (stable): `snapshots / none (<model>): X.XXx (median step time)`,
-`snapshot step / next step, same run (<model>): X.XXx (median of N pairs, 90% A-B; control
-C.CCx)`, and with `--apart` `snapshots, buddy on another host / none (<model>): X.XXx (median
+`snapshot step / next step, same run (<model>): X.XXXx (median of N pairs, 90% A-B; control
+C.CCCx)`, and with `--apart` `snapshots, buddy on another host / none (<model>): X.XXx (median
 step time)`.
 """
 
