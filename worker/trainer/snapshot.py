@@ -11,8 +11,9 @@ and hands them to one background thread, which
    same host memory, is held by a hard link to that file: no bytes move, and the copy still
    outlives the ward's directory. Only a ward on another host sends its bytes over the
    network.
-The training thread waits only for step 1, and only just before the next optimizer step
-would change the tensors being copied (`wait_copied`, called as the step's `before_update`).
+The training thread waits for both steps, and only just before the next optimizer step would
+change the tensors being copied (`wait_held`, called as the step's `before_update`): a rank
+never updates past a step whose copy its holder lacks.
 One thread, first in first out: the copy of step N+1 starts after the exchange of step N,
 which ends only once the holder has its copy (its answer comes after its link), so a slot is
 never rewritten while it is being read. A rewrite zeroes the slot's stamp first
@@ -29,7 +30,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,7 +60,7 @@ def _yield_to_training() -> None:
     a rank's idle moments, waiting in a collective or on its GPU. Where every core is busy,
     the copy would otherwise preempt the step, and the other ranks wait for that one in their
     next collective. A copy still running at the next optimizer step holds that step up
-    (`wait_copied`), which leaves it the CPU: snapshots never fall behind."""
+    (`wait_held`), which leaves it the CPU: snapshots never fall behind."""
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
     except (AttributeError, OSError):
@@ -207,6 +208,13 @@ class Snapshotter:
         """Block until the in-flight copy no longer reads the live tensors."""
         if self.copying is not None:
             self.copying.result()
+
+    def wait_held(self) -> None:
+        """Block until the newest snapshot's exchange ended: its holder has its copy, or a peer
+        is gone. Called before each optimizer step, so no rank updates past a step whose copy
+        its holder lacks, and a kill redoes at most one step (the exchange otherwise lags the
+        training at SCHED_IDLE, and a kill then found only older held copies)."""
+        wait(self.exchanges[-1:])
 
     def poll(self) -> None:
         """Report the snapshots whose exchange finished (on the training thread: the metrics
