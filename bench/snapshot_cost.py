@@ -18,12 +18,25 @@ exchange end well within one step, so taking one every step costs each step the 
 interval around it is a bootstrap of the median over the pairs. The same ratio over the run
 without snapshots is the control: what the method reads when there is nothing to find.
 
+A snapshot every second step is always whole: logged steps (`snapshot.full_every`,
+worker/snapshots.py) need one after every step. So the steady state with logged steps is
+measured inside the ranks (this script, `--ranks`, under torchrun): the real trainer and
+snapshotter, with snapshots after every step in blocks of `--block` steps, switched off for the
+next block, and on again. Each step that follows a snapshot is compared with the step `--block`
+later, at the same place in the next block, which follows none. Whole snapshots and logged
+steps are paired apart, and the cost is their medians weighted by how often each is taken
+(one in `full_every` whole, as in a run that never stops taking them). The same method with
+`full_every` 1 (every snapshot whole) is the baseline, and a run with the snapshots never on
+the control.
+
     python bench/snapshot_cost.py [--preset small] [--d-model 512 ...] [--steps 40] [--rounds 2]
+        [--block-steps 160]
 
 Summary lines (stable): `snapshots / none (<model>): X.XXx (median step time)`,
 `snapshot step / next step, same run (<model>): X.XXXx (median of N pairs, 90% A-B; control
-C.CCCx)`, and with `--apart` `snapshots, buddy on another host / none (<model>): X.XXx (median
-step time)`.
+C.CCCx)`, `snapshots every step, full_every K / none, same run (<model>): X.XXXx (whole W.WWWx,
+logged L.LLLx; N pairs, 90% A-B; control C.CCCx)`, the same for `full_every 1`, and with
+`--apart` `snapshots, buddy on another host / none (<model>): X.XXx (median step time)`.
 """
 
 from __future__ import annotations
@@ -35,6 +48,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from itertools import pairwise
 from pathlib import Path
 
@@ -42,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import ENV, ROOT, own_memory, spec_file, torchrun  # noqa: E402
 from services.procs import free_port  # noqa: E402
+from services.spec import SnapshotSpec  # noqa: E402
 
 WARMUP = 3
 PAIRED_EVERY = 2  # the paired run's snapshots: after even steps, so odd steps follow one
@@ -110,6 +125,102 @@ def interval(ratios: list[float], draws: int = 2000) -> tuple[float, float]:
     return meds[draws // 20], meds[-draws // 20]
 
 
+def rank_side(spec_path: str, plan_path: str, out: str, block: int, on: bool) -> None:
+    """One rank of a blocks run (`--ranks`): snapshots after every step in alternate blocks
+    of `block` steps (none at all without `on`); writes {step: end time} and {step: kind}."""
+    from services.spec import load_spec
+    from worker.snapshots import SnapshotPlan
+    from worker.trainer.distributed import init_distributed, shutdown_distributed
+    from worker.trainer.parallel import ParallelDims, RankContext
+    from worker.trainer.snapshot import Snapshotter
+    from worker.trainer.step import Trainer
+
+    spec = load_spec(spec_path)
+    rank, _, device = init_distributed(timeout_s=60)
+    try:
+        dims = ParallelDims(spec.parallel, device.type)
+        trainer = Trainer(spec, RankContext(dims, dims.build_mesh(), rank, device))
+        plan = SnapshotPlan.from_json(json.loads(Path(plan_path).read_text()))
+        kinds: dict[int, str] = {}
+        snaps = Snapshotter(plan, rank, device, lambda line: kinds.update({line["step"]: line}))
+        ends: dict[int, float] = {}
+        parts = (trainer.parts, trainer.optimizers, trainer.schedulers)
+
+        def taken(step: int) -> bool:  # a snapshot after `step`
+            return on and (step // block) % 2 == 1
+
+        def before_update(step: int) -> None:
+            if taken(step):  # keeps the step's gradients for a logged step
+                snaps.before_update(step, trainer.parts)
+            else:
+                snaps.wait_held()
+
+        for index in range(spec.train.steps):
+            step = index + 1
+            trainer.train_step(index, before_update=lambda s=step: before_update(s))
+            ends[step] = time.perf_counter()
+            snaps.poll()
+            if taken(step):
+                snaps.take(step, *parts, {"step": step})
+        snaps.close()
+        result = {"ends": ends, "kinds": {s: line.get("kind") for s, line in kinds.items()}}
+        Path(out.format(rank=rank)).write_text(json.dumps(result))
+    finally:
+        shutdown_distributed()
+
+
+def blocks_run(spec: dict, full_every: int, on: bool, block: int) -> list[dict]:
+    """Each rank's {"ends": {step: time}, "kinds": {step: kind}} from a blocks run."""
+    with tempfile.TemporaryDirectory() as d, tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+        d = Path(d)
+        plan = {"dir": shm, "generation": 1, "every": 1, "keep": 2, "full_every": full_every}
+        plan["holders"] = {0: 1, 1: 0}
+        (d / "plan.json").write_text(json.dumps(plan))
+        out = str(d / "blocks-{rank}.json")
+        args = [str(spec_file(spec, d)), str(d / "plan.json"), out, str(block), str(int(on))]
+        torchrun(2, [str(Path(__file__).resolve()), "--ranks", *args])
+        return [
+            {k: {int(s): v for s, v in x.items()} for k, x in json.loads(f.read_text()).items()}
+            for f in sorted(d.glob("blocks-*.json"))
+        ]
+
+
+def block_pairs(result: list[dict], block: int) -> dict[str, list[float]]:
+    """kind -> for each snapshot of that kind (after step p, past warm-up), the step after it
+    over the step `block` later, which follows none; kind "none" where no snapshot was taken
+    at p though the blocks would have one there (the control)."""
+    out: dict[str, list[float]] = {}
+    for r in result:
+        ends, kinds = r["ends"], r["kinds"]
+        for p in ends:
+            q = p + block + 1
+            if p <= WARMUP or (p // block) % 2 == 0 or q not in ends or p + 1 not in ends:
+                continue
+            ratio = (ends[p + 1] - ends[p]) / (ends[q] - ends[q - 1])
+            out.setdefault(kinds.get(p) or "none", []).append(ratio)
+    return out
+
+
+def weighted(pairs: dict[str, list[float]], full_every: int) -> float:
+    """A snapshot's cost per step when one in `full_every` is whole: the kinds' medians."""
+    whole = statistics.median(pairs["whole"])
+    if full_every == 1:
+        return whole
+    return (whole + (full_every - 1) * statistics.median(pairs["grads"])) / full_every
+
+
+def weighted_interval(
+    pairs: dict[str, list[float]], full_every: int, draws: int = 2000
+) -> tuple[float, float]:
+    """A 90% bootstrap interval of `weighted`, each kind's pairs resampled (seeded)."""
+    rng = random.Random(0)
+    got = sorted(
+        weighted({k: rng.choices(v, k=len(v)) for k, v in pairs.items()}, full_every)
+        for _ in range(draws)
+    )
+    return got[draws // 20], got[-draws // 20]
+
+
 def two_hosts(args: list[str]) -> None:
     """The two ranks as if on two hosts: each in memory of its own (bench/common.py), so the
     buddy copies cross the network stack (loopback here) instead of being memory copies."""
@@ -138,6 +249,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--block-steps", type=int, default=160, help="steps of each blocks run")
+    ap.add_argument("--block", type=int, default=8, help="steps per block (on, then off)")
+    ap.add_argument("--ranks", nargs=5, help=argparse.SUPPRESS)  # the rank side of a blocks run
     ap.add_argument(
         "--apart",
         action="store_true",
@@ -145,6 +259,10 @@ def main() -> None:
         "through the network stack, as between two hosts",
     )
     a = ap.parse_args()
+    if a.ranks:
+        spec_path, plan_path, out, block, on = a.ranks
+        rank_side(spec_path, plan_path, out, int(block), on == "1")
+        return
     if a.d_model:
         model = {"layers": a.layers, "d_model": a.d_model, "heads": 8, "vocab": 4096}
         model["seq_len"] = 128
@@ -154,6 +272,11 @@ def main() -> None:
     spec = job(model, a.steps)
     none, snap, apart, size = [], [], [], 0
     pairs, control = [], []
+    k = SnapshotSpec().full_every
+    logged: dict[str, list[float]] = {}
+    whole: dict[str, list[float]] = {}
+    off: list[float] = []
+    blocks_spec = job(model, a.block_steps)
     for i in range(a.rounds):
         ranks = run(spec, False)[0]
         none += pooled(ranks)
@@ -163,6 +286,13 @@ def main() -> None:
         pairs += pair_ratios(run(spec, True, every=PAIRED_EVERY)[0])
         line = f"  round {i + 1}: none {statistics.median(none) * 1e3:.1f} ms, snapshots "
         line += f"{statistics.median(snap) * 1e3:.1f} ms, paired {statistics.median(pairs):.3f}x"
+        for kind, r in block_pairs(blocks_run(blocks_spec, k, True, a.block), a.block).items():
+            logged.setdefault(kind, []).extend(r)
+        for kind, r in block_pairs(blocks_run(blocks_spec, 1, True, a.block), a.block).items():
+            whole.setdefault(kind, []).extend(r)
+        off += block_pairs(blocks_run(blocks_spec, k, False, a.block), a.block)["none"]
+        line += f", full_every {k} {weighted(logged, k):.3f}x, full_every 1 "
+        line += f"{weighted(whole, 1):.3f}x"
         if a.apart:
             apart += pooled(run(spec, True, apart=True)[0])
             line += f", buddy on another host {statistics.median(apart) * 1e3:.1f} ms"
@@ -180,6 +310,15 @@ def main() -> None:
         f"(median of {len(pairs)} pairs, 90% {lo:.3f}-{hi:.3f}; "
         f"control {statistics.median(control):.3f}x)"
     )
+    c = statistics.median(off)
+    for every, got in ((k, logged), (1, whole)):
+        lo, hi = weighted_interval(got, every)
+        print(
+            f"snapshots every step, full_every {every} / none, same run ({name}): "
+            f"{weighted(got, every):.3f}x (whole {statistics.median(got['whole']):.3f}x, "
+            f"logged {statistics.median(got.get('grads', [c])):.3f}x; "
+            f"{sum(map(len, got.values()))} pairs, 90% {lo:.3f}-{hi:.3f}; control {c:.3f}x)"
+        )
     if a.apart:
         m2 = statistics.median(apart)
         print(

@@ -281,6 +281,17 @@ class SnapshotSpec(Strict):
         "slot survives while the next is written. Each slot holds the rank's whole state in "
         "host memory.",
     )
+    full_every: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="With every_steps 1, write the whole state only every this many "
+        "snapshots; the ones between log what the optimizer step consumed (the clipped "
+        "gradients) and the buffers, about a third of an Adam state's bytes, and a restore "
+        "replays them through the optimizer, which gives the same bits. It costs the ring "
+        "full_every + keep - 3 slots of that size beside the keep whole ones. 1: every "
+        "snapshot whole.",
+    )
     buddy: bool = Field(
         default=True,
         description="Send each snapshot to a rank of the job on another host (its holder), "

@@ -4,8 +4,15 @@ agent prunes them, the trainer writes and reads them; docs/architecture.md, "Hot
 One worker's snapshots live under its snapshot root (default `/dev/shm/meshkeeper/<wid>`:
 host shared memory, so a snapshot outlives the trainer that wrote it), per job and generation:
 
-    <root>/<jid>/g<G>/r<R>/slot-<i>.bin      rank R's own state, a ring of `keep` slots
-    <root>/<jid>/g<G>/held/r<W>/slot-<i>.bin the copy this worker holds for rank W (its ward)
+    <root>/<jid>/g<G>/r<R>/slot-<i>.bin       rank R's whole state, a ring of `keep` slots
+    <root>/<jid>/g<G>/r<R>/grads-<i>.bin      rank R's logged steps (below), a ring of their own
+    <root>/<jid>/g<G>/held/r<W>/...           the copies this worker holds for rank W (its ward)
+
+With `full_every` above 1, only every `full_every`-th snapshot is whole; the ones between
+log what the optimizer step consumed (the clipped gradients, about a third of an Adam
+state's bytes) and the buffers. Such a *logged step* names the snapshot before it (`prev`,
+its id), and a step restores from a chain: a whole snapshot, then every logged step after
+it, replayed through the optimizer (`chains`).
 
 Each slot's `slot-<i>.json` (step, generation, tensor layout, train state) is written after
 its bytes, by rename: a slot without it is incomplete and never read. A slot being rewritten
@@ -49,6 +56,14 @@ class SnapshotPlan:
     # every rank the rank of this generation that has its state (itself, or its holder)
     restore_generation: int | None = None
     sources: dict[int, int] | None = None
+    full_every: int = 1  # snapshot.full_every: 1, every snapshot whole
+
+    def grads_slots(self) -> int:
+        """Slots of a rank's logged-step ring: while the next step is written, the chains of
+        the `keep - 1` steps before it survive, as in the ring of whole snapshots. A logged
+        step s extends a chain of at most `full_every - 2` logged steps (s - base <
+        full_every), all newer than any other, so it may overwrite the one before those."""
+        return self.full_every + self.keep - 3
 
     def to_json(self) -> dict:
         return {
@@ -59,6 +74,7 @@ class SnapshotPlan:
             "holders": _str_keys(self.holders),
             "restore_generation": self.restore_generation,
             "sources": None if self.sources is None else _str_keys(self.sources),
+            "full_every": self.full_every,
         }
 
     @classmethod
@@ -72,6 +88,7 @@ class SnapshotPlan:
             {int(k): int(v) for k, v in d.get("holders", {}).items()},
             d.get("restore_generation"),
             None if sources is None else {int(k): int(v) for k, v in sources.items()},
+            int(d.get("full_every", 1)),
         )
 
     def own_dir(self, rank: int, generation: int | None = None) -> Path:
@@ -102,8 +119,14 @@ class Slot:
         return int(self.manifest["step"])
 
 
-def slot_paths(d: Path, i: int) -> tuple[Path, Path]:
-    return d / f"slot-{i}.bin", d / f"slot-{i}.json"
+def slot_paths(d: Path, i: int, prefix: str = "slot") -> tuple[Path, Path]:
+    """Slot `i`'s image and manifest; `prefix` names the ring: `slot` for whole snapshots,
+    `grads` for logged steps."""
+    return d / f"{prefix}-{i}.bin", d / f"{prefix}-{i}.json"
+
+
+def is_whole(manifest: dict) -> bool:
+    return manifest.get("kind", "whole") == "whole"
 
 
 def encode_manifest(manifest: dict) -> bytes:
@@ -140,7 +163,7 @@ def complete_slots(d: Path, generation: int) -> dict[int, Slot]:
     """step -> slot, for every complete slot of `generation` in `d` whose bytes are all there
     and still the manifest's (stamped with its id)."""
     out: dict[int, Slot] = {}
-    for m in sorted(d.glob("slot-*.json")) if d.is_dir() else []:
+    for m in sorted(d.glob("*.json")) if d.is_dir() else []:
         try:
             manifest = orjson.loads(m.read_bytes())
             b = m.with_suffix(".bin")
@@ -149,6 +172,20 @@ def complete_slots(d: Path, generation: int) -> dict[int, Slot]:
                 out[int(manifest["step"])] = Slot(b, manifest)
         except (OSError, ValueError, KeyError, TypeError):
             continue  # torn by a rewrite, or not ours: not a snapshot
+    return out
+
+
+def chains(slots: dict[int, Slot]) -> dict[int, list[Slot]]:
+    """step -> the slots that restore it, in the order they load: a whole snapshot, then each
+    logged step after it whose `prev` is the slot before it in the chain. A step whose chain
+    has a gap (a slot rewritten, or a copy that failed) is not restorable."""
+    out: dict[int, list[Slot]] = {}
+    for s in sorted(slots):
+        slot = slots[s]
+        if is_whole(slot.manifest):
+            out[s] = [slot]
+        elif s - 1 in out and out[s - 1][-1].manifest["id"] == slot.manifest.get("prev"):
+            out[s] = [*out[s - 1], slot]
     return out
 
 

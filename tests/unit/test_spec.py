@@ -90,7 +90,12 @@ BAD = [
     (with_("snapshot.keep", 17), "snapshot.keep", "less than or equal to 16"),
     (with_("snapshot.every_steps", 0), "snapshot.every_steps", "greater than 0"),
     (with_("snapshot.buddy", "yes"), "snapshot.buddy", "true or false"),
-    (with_("snapshot.ring", 2), "snapshot.ring", "valid: buddy, enabled, every_steps, keep"),
+    (with_("snapshot.full_every", 0), "snapshot.full_every", "greater than or equal to 1"),
+    (
+        with_("snapshot.ring", 2),
+        "snapshot.ring",
+        "valid: buddy, enabled, every_steps, full_every, keep",
+    ),
     (
         {
             **GOOD,

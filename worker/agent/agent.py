@@ -386,6 +386,7 @@ class Agent:
             asg.buddies,
             asg.restore_generation,
             asg.restore_sources,
+            int(want.get("full_every", 1)),
         )
         prune_generations(plan.dir, {generation, asg.restore_generation or generation})
         path = d / "snapshot.json"

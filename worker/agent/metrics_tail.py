@@ -36,6 +36,7 @@ class Restored(Record):
     restore_s: float
     source: str | None = None  # memory (own snapshot) | peer (buddy's copy) | disk
     via: str | None = None  # from memory: own | memory (a file on this host) | network
+    replayed: int | None = None  # from memory: logged steps replayed after the whole snapshot
 
 
 class SnapshotTaken(Record):
@@ -45,6 +46,7 @@ class SnapshotTaken(Record):
     event: Literal["snapshot"]
     step: int
     ok: bool = True  # False: this rank's own copy failed (error says why)
+    kind: str | None = None  # whole | grads (a logged step; worker/snapshots.py)
     held: dict[str, int] | None = None
     # ward -> how its copy came: "link" (its file on this host, under a second name),
     # "memory" (copied from that file, where no link could be made) or "network"

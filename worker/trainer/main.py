@@ -40,7 +40,6 @@ from worker.trainer.sdc import ReplicaCheck, SilentCorruption
 from worker.trainer.sdc_guard import CorruptionGuard
 from worker.trainer.snapshot import Snapshotter
 from worker.trainer.snapshot_restore import restore_from_memory
-from worker.trainer.snapshot_state import capture
 from worker.trainer.spot_check import SpotCheck
 from worker.trainer.step import NonFiniteError, StepResult, Trainer
 from worker.trainer.train_state import DataStream, ResumeRefused
@@ -143,7 +142,7 @@ def resume(
             say(
                 f"[meshkeeper] resumed from step {hot.step} in host memory "
                 f"(generation {plan.restore_generation}, this rank from {hot.source}, "
-                f"via {hot.via}) in "
+                f"via {hot.via}, {hot.replayed} logged steps replayed) in "
                 f"{hot.restore_s:.2f}s",
                 flush=True,
             )
@@ -154,6 +153,7 @@ def resume(
                     "restore_s": hot.restore_s,
                     "source": hot.source,
                     "via": hot.via,
+                    "replayed": hot.replayed,
                 }
             )
             return hot.step
@@ -279,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
             if ckpt:  # nothing still copying may see the parameters change
                 ckpt.wait_staged()
             if snaps:
-                snaps.wait_held()
+                snaps.before_update(step, trainer.parts)
             if flips:
                 flips.before_update(step)
 
@@ -293,9 +293,14 @@ def run(args: argparse.Namespace) -> int:
             if snaps:
                 snaps.poll()
                 if snaps.due(step) or checked:
-                    state = data_stream(spec).train_state(step)
-                    parts = (trainer.parts, trainer.optimizers, trainer.schedulers)
-                    snaps.take(step, capture(*parts, state), checked=checked and guard is not None)
+                    snaps.take(
+                        step,
+                        trainer.parts,
+                        trainer.optimizers,
+                        trainer.schedulers,
+                        data_stream(spec).train_state(step),
+                        checked=checked and guard is not None,
+                    )
             if spot and spot.due(step):
                 spot.verify(step)
 

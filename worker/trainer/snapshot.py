@@ -4,7 +4,13 @@
 After step N (every `plan.every` steps) `take(N)` captures references to the rank's state
 and hands them to one background thread, which
 1. copies them into the next slot of the rank's ring in /dev/shm (a mapped file, so the
-   snapshot outlives this process) and commits the slot by writing its manifest last;
+   snapshot outlives this process) and commits the slot by writing its manifest last. With
+   `plan.full_every` above 1 (and a snapshot every step) most snapshots are *logged steps*
+   (worker/snapshots.py): the gradients step N's optimizer step consumed, kept by
+   `before_update` just before it, and the buffers, a third of the bytes of the whole state,
+   written to a ring of their own. The whole state is written every `full_every` snapshots,
+   and whenever the chain before N has a gap (the first snapshot, a failed copy, a checked
+   snapshot: a rollback loads that one alone);
 2. offers the slot to the rank's holder over a gloo group of its own, and takes its wards'
    slots into its `held/` ring (every rank does both at every snapshot, so the messages always
    pair up; worker/trainer/snapshot_wire.py). A ward whose file this rank can read, in the
@@ -36,12 +42,18 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
 
-from worker.snapshots import SnapshotPlan, discard_after, slot_paths, write_manifest
+from worker.snapshots import SnapshotPlan, discard_after, is_whole, slot_paths, write_manifest
 from worker.trainer.snapshot_state import (
     Captured,
+    capture,
+    capture_step,
     copy_into,
     destinations,
+    grad_refs,
     layout,
     write_stamp,
 )
@@ -79,17 +91,18 @@ class Copied:
     bin: Path | None  # None: the copy failed (error says why)
     manifest: dict | None
     raw: bytes | None = None  # the manifest's JSON
+    image: torch.Tensor | None = None  # the slot's mapped file
     error: str = ""
 
 
 class Ring:
-    """`keep` slots in one directory, written in turn; mapped once and reused. With `pin`, one
-    slot more: the newest snapshot taken right after a passed corruption check stays out of
-    the turn until a newer checked one lands, so a rollback always finds a clean state
-    (worker/trainer/sdc.py)."""
+    """`keep` slots in one directory, named `prefix-<i>` (whole snapshots: `slot`, logged
+    steps: `grads`), written in turn; mapped once and reused. With `pin`, one slot more: the
+    newest snapshot taken right after a passed corruption check stays out of the turn until a
+    newer checked one lands, so a rollback always finds a clean state (worker/trainer/sdc.py)."""
 
-    def __init__(self, d: Path, keep: int, pin: bool = False):
-        self.d, self.size, self.next = d, keep + int(pin), 0
+    def __init__(self, d: Path, keep: int, pin: bool = False, prefix: str = "slot"):
+        self.d, self.size, self.next, self.prefix = d, keep + int(pin), 0, prefix
         self.maps: dict[Path, torch.Tensor] = {}
         self.views: dict[Path, tuple[list, torch.Tensor, list[torch.Tensor]]] = {}
         self.pin, self.pinned = pin, None  # pinned: (slot index, manifest)
@@ -100,7 +113,7 @@ class Ring:
         if self.pinned is not None and self.next == self.pinned[0]:
             self.next = (self.next + 1) % self.size
         i = self.next
-        bin_path, man_path = slot_paths(self.d, i)
+        bin_path, man_path = slot_paths(self.d, i, self.prefix)
         self.next = (i + 1) % self.size
         man_path.unlink(missing_ok=True)
         return i, bin_path, man_path
@@ -127,7 +140,7 @@ class Ring:
         """Commit a ward's complete slot file `src`, on this host, as the next slot: a second
         name for the same bytes, which outlives the ward's own name. Raises OSError where no
         link can be made (another file system): the caller copies instead."""
-        tmp = self.d / "link.tmp"
+        tmp = self.d / f"{self.prefix}-link.tmp"
         self.d.mkdir(parents=True, exist_ok=True)
         tmp.unlink(missing_ok=True)
         os.link(src, tmp)  # first, so a failure leaves the ring as it was
@@ -160,7 +173,33 @@ class Ring:
         if self.pinned is None:
             return None
         i, manifest = self.pinned
-        return manifest, self.maps[slot_paths(self.d, i)[0]]
+        return manifest, self.maps[slot_paths(self.d, i, self.prefix)[0]]
+
+
+class Rings:
+    """One rank's slots in one directory: a ring of whole snapshots and, with
+    `plan.full_every` above 1, a ring of logged steps (worker/snapshots.py)."""
+
+    def __init__(self, d: Path, plan: SnapshotPlan, pin: bool):
+        self.whole = Ring(d, plan.keep, pin)
+        self.grads = Ring(d, plan.grads_slots(), prefix="grads") if plan.full_every > 1 else None
+
+    def of(self, manifest: dict) -> Ring:
+        """The ring a slot with `manifest` goes into."""
+        if is_whole(manifest):
+            return self.whole
+        if self.grads is None:
+            raise ValueError("a logged step offered to a holder whose plan logs none")
+        return self.grads
+
+
+@dataclass(frozen=True)
+class Tail:
+    """This rank's newest committed slot: the next snapshot may log only its step on it."""
+
+    step: int
+    id: str
+    base: int  # the step of the whole snapshot its chain starts from
 
 
 class Snapshotter:
@@ -178,30 +217,65 @@ class Snapshotter:
         self.wards = plan.wards(rank)
         # Created on every rank, in the same order as every other group (a collective call).
         self.group = dist.new_group(backend="gloo")
-        self.own = Ring(plan.own_dir(rank), plan.keep, pin_checked)
-        self.held = {w: Ring(plan.held_dir(w), plan.keep, pin_checked) for w in self.wards}
+        self.own = Rings(plan.own_dir(rank), plan, pin_checked)
+        self.held = {w: Rings(plan.held_dir(w), plan, pin_checked) for w in self.wards}
         self.thread = ThreadPoolExecutor(
             1, thread_name_prefix="snapshot", initializer=_yield_to_training
         )
         self.copying: Future | None = None
         self.exchanges: list[Future] = []
         self.peer_maps: dict[Path, torch.Tensor] = {}
-        self._layout: tuple[tuple, list, int] | None = None
+        self._layouts: dict[bool, tuple[tuple, list, int]] = {}  # whole or not -> layout
+        self.tail: Tail | None = None  # set by the copy thread, read once its copy is awaited
+        self.grads: tuple[int, list] | None = None  # (step, `grad_refs`) for a logged step
+        self.logs = plan.full_every > 1 and plan.every == 1
         self.broken = ""  # why an exchange failed: its holder or a ward is gone
         self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def due(self, step: int) -> bool:
         return step % self.plan.every == 0
 
-    def take(self, step: int, captured: Captured, checked: bool = False) -> None:
-        """Snapshot the state after `step` completed steps (tensors captured just now);
-        `checked`: the corruption check at this step passed."""
+    def before_update(self, step: int, parts: list[nn.Module]) -> None:
+        """Just before the optimizer step that completes `step`: wait for the newest
+        snapshot's exchange (`wait_held`), and keep the gradients that step consumes, for a
+        logged step. Kept only until that snapshot's copy: on a GPU they cost device memory
+        of their size during the next step's forward."""
+        self.wait_held()
+        if self.logs:
+            self.grads = (step, grad_refs(parts))
+
+    def take(
+        self,
+        step: int,
+        parts: list[nn.Module],
+        optimizers: list[Optimizer],
+        schedulers: list[LRScheduler],
+        train_state: dict,
+        checked: bool = False,
+    ) -> None:
+        """Snapshot the state after `step` completed steps; `checked`: the corruption check
+        at this step passed. A logged step where the chain allows one, else the whole state."""
         self.wait_copied()
+        grads, self.grads = self.grads, None
+        tail = self.tail  # the copy just awaited set it
+        logged = (
+            not checked  # a rollback restores the checked state alone, from its pinned slot
+            and grads is not None
+            and grads[0] == step
+            and tail is not None
+            and tail.step == step - 1
+            and step - tail.base < self.plan.full_every
+        )
+        if logged:
+            captured = capture_step(parts, optimizers, schedulers, train_state, grads[1])
+        else:
+            captured = capture(parts, optimizers, schedulers, train_state)
         ready = None
         if self.side is not None:  # the copy must see the optimizer step's results
             ready = torch.cuda.Event()
             ready.record()
-        self.copying = self.thread.submit(self._copy, step, captured, ready, checked)
+        prev = tail if logged else None
+        self.copying = self.thread.submit(self._copy, step, captured, ready, checked, prev)
         self.exchanges.append(self.thread.submit(self._exchange, self.copying))
 
     def wait_copied(self) -> None:
@@ -229,7 +303,7 @@ class Snapshotter:
     def checked_slot(self) -> tuple[dict, torch.Tensor] | None:
         """This rank's newest checked snapshot (manifest, image), once no copy is running."""
         self.wait_copied()
-        return self.own.checked()
+        return self.own.whole.checked()
 
     def discard_after(self, step: int | None) -> None:
         """After `close`: drop this generation's own and held snapshots newer than `step` (all
@@ -238,18 +312,25 @@ class Snapshotter:
             discard_after(d, self.plan.generation, step)
 
     # -- the background thread --------------------------------------------------------------
-    def _copy(self, step: int, captured: Captured, ready, checked: bool) -> Copied:
+    def _copy(
+        self, step: int, captured: Captured, ready, checked: bool, prev: Tail | None
+    ) -> Copied:
+        """Write the next slot: a logged step on `prev`, or (None) the whole state."""
+        self.tail = None  # until this slot is committed, nothing may log on it
         if self.broken:
             # A buddy is gone, so the job is about to recover, from the newest step whose
             # copies all arrived: writing this one would turn the ring past that step's slot.
             return Copied(step, None, None, error=f"not taken: an exchange failed ({self.broken})")
         try:
+            whole = prev is None
             key = tuple((k, t.dtype, tuple(t.shape)) for k, t in captured.tensors)
-            if self._layout is None or self._layout[0] != key:
-                self._layout = (key, *layout(captured.tensors))
-            _, lay, nbytes = self._layout
-            i, bin_path, man_path, image = self.own.claim(nbytes)
-            dst = self.own.destinations(bin_path, lay)
+            known = self._layouts.get(whole)
+            if known is None or known[0] != key:
+                known = self._layouts[whole] = (key, *layout(captured.tensors))
+            _, lay, nbytes = known
+            ring = self.own.whole if whole else self.own.grads
+            i, bin_path, man_path, image = ring.claim(nbytes)
+            dst = ring.destinations(bin_path, lay)
             if self.side is not None:
                 with torch.cuda.stream(self.side):
                     self.side.wait_event(ready)
@@ -266,9 +347,14 @@ class Snapshotter:
                 "tensors": lay,
                 "state": captured.state,
                 "checked": checked,
+                "kind": "whole" if whole else "grads",
             }
+            if not whole:
+                manifest["prev"] = prev.id  # worker/snapshots.py `chains`
             write_stamp(image, manifest)  # the bytes are the manifest's from here on
-            return Copied(step, bin_path, manifest, self.own.commit(i, man_path, manifest))
+            raw = ring.commit(i, man_path, manifest)
+            self.tail = Tail(step, manifest["id"], step if whole else prev.base)
+            return Copied(step, bin_path, manifest, raw, image)
         except (OSError, RuntimeError) as e:
             return Copied(step, None, None, error=f"{type(e).__name__}: {e}")
 
@@ -304,21 +390,23 @@ class Snapshotter:
                     held[str(w)], via[str(w)] = m["step"], self._hold_local(w, offer)
                 else:
                     need = True
-                    i, _, man_path, image = self.held[w].claim(offer.nbytes)
-                    incoming.append((w, offer, i, man_path, image))
+                    ring = self.held[w].of(m)
+                    i, _, man_path, image = ring.claim(offer.nbytes)
+                    incoming.append((w, ring, offer, i, man_path, image))
             except (OSError, RuntimeError, ValueError) as e:
                 errors.append(f"copy of rank {w}: {type(e).__name__}: {e}")
             sends += isend_answer(need, w, self.group)
         if offered and recv_answer(self.holder, self.group):
-            image = self.own.maps[copied.bin]
-            sends += isend_image(image, copied.manifest["nbytes"], self.holder, self.group)
-        for w, offer, i, man_path, image in incoming:
+            sends += isend_image(copied.image, copied.manifest["nbytes"], self.holder, self.group)
+        for w, ring, offer, i, man_path, image in incoming:
             dist.recv(image[: offer.nbytes], w, group=self.group)
-            self.held[w].commit(i, man_path, offer.manifest, offer.raw)
+            ring.commit(i, man_path, offer.manifest, offer.raw)
             held[str(w)], via[str(w)] = offer.manifest["step"], "network"
         for s in sends:
             s.wait()
         line = {"event": "snapshot", "step": copied.step, "ok": copied.bin is not None}
+        if copied.manifest is not None:
+            line["kind"] = copied.manifest["kind"]
         if self.wards:
             line["held"], line["held_via"] = held, via
         if errors:
@@ -328,7 +416,7 @@ class Snapshotter:
     def _hold_local(self, ward: int, offer: Offer) -> str:
         """Hold a ward's slot on this host: by a link to its file, or, where none can be made
         (the holder's snapshot directory on another file system), by a memory copy."""
-        ring = self.held[ward]
+        ring = self.held[ward].of(offer.manifest)
         try:
             ring.link(offer.path, offer.manifest, offer.raw)
             return "link"

@@ -4,13 +4,15 @@
 The controller says where each rank's state lives (`plan.sources`: the rank itself, whose
 worker ran it, or the rank whose worker holds its buddy copy); the ranks decide which step,
 together, through the generation's rendezvous store:
-1. each rank posts the steps it has complete for every state it sources;
+1. each rank posts the steps it can restore for every state it sources (a step restores
+   from a chain of slots, worker/snapshots.py `chains`);
 2. the step is the newest one every rank's state has. None, or an older one than the
    newest disk checkpoint: every rank restores from disk instead (the same decision on
    every rank, from the same posts);
-3. holders offer moved ranks their slot over the world group (gloo): a moved rank on the
-   holder's host reads the holder's file in place, one on another host gets the bytes sent;
-   the others map their own slot. Every rank loads its image. No storage is read.
+3. holders offer moved ranks the chain's slots over the world group (gloo), then an empty
+   offer that ends it: a moved rank on the holder's host reads the holder's files in place,
+   one on another host gets the bytes sent; the others map their own slots. Every rank
+   loads its chain: the whole snapshot, then the logged steps replayed. No storage is read.
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from worker.snapshots import Slot, SnapshotPlan, complete_slots, encode_manifest
+from worker.snapshots import Slot, SnapshotPlan, chains, complete_slots, encode_manifest
 from worker.trainer.distributed import rendezvous_store
-from worker.trainer.snapshot_state import load
+from worker.trainer.snapshot_state import load_chain
 from worker.trainer.snapshot_wire import (
     isend_answer,
     isend_image,
@@ -50,21 +52,33 @@ class MemoryRestore:
     # how the bytes came: own (this worker's file), memory (the holder's file, on this host),
     # network (sent by the holder from another host)
     via: str
+    replayed: int  # logged steps replayed after the whole snapshot (worker/snapshots.py)
 
 
-def _slots(plan: SnapshotPlan, rank: int) -> dict[int, dict[int, Slot]]:
-    """For every state this rank sources: step -> complete slot."""
+def _slots(plan: SnapshotPlan, rank: int) -> dict[int, dict[int, list[Slot]]]:
+    """For every state this rank sources: step -> the chain of complete slots restoring it."""
     g = plan.restore_generation
     out = {}
     for state, source in (plan.sources or {}).items():
         if source == rank:
             # this worker's copy of a state: its own snapshot if it ran the rank, the held copy
             # if it was the rank's buddy (a rank moved onto its own buddy finds it there)
-            out[state] = {
-                **complete_slots(plan.held_dir(state, g), g),
-                **complete_slots(plan.own_dir(state, g), g),
-            }
+            out[state] = chains(
+                {
+                    **complete_slots(plan.held_dir(state, g), g),
+                    **complete_slots(plan.own_dir(state, g), g),
+                }
+            )
     return out
+
+
+def check_chain(manifests: list[dict], rank: int, step: int) -> None:
+    """Raise RuntimeError unless `manifests` restore `rank` at `step`: its slots, a whole
+    snapshot first, each next one logged on the one before, the last at `step`."""
+    chain = chains({m["step"]: Slot(Path(), m) for m in manifests}).get(step, [])
+    if not (len(chain) == len(manifests) > 0 and all(m["rank"] == rank for m in manifests)):
+        got = [(m.get("rank"), m.get("step"), m.get("kind")) for m in manifests]
+        raise RuntimeError(f"snapshot for rank {rank} step {step}: the slots sent are {got}")
 
 
 def agree_step(plan: SnapshotPlan, rank: int, world: int, disk_step: int | None) -> int | None:
@@ -105,44 +119,44 @@ def restore_from_memory(
     if step is None:
         return None
     # the phases of worker/trainer/snapshot_wire.py, each posted before any rank waits on the
-    # next: offers, answers, images
+    # next: offers (each chain's slots, then an empty offer), answers, images
     mine = _slots(plan, rank)
-    serve = {state: slots[step] for state, slots in mine.items() if state != rank}
-    sends = [
-        w
-        for state, slot in serve.items()
-        for w in isend_offer(
-            encode_manifest(slot.manifest), slot.manifest["nbytes"], slot.bin, state
-        )
-    ]
+    serve = {state: chain[step] for state, chain in mine.items() if state != rank}
+    sends = []
+    for state, slots in serve.items():
+        for slot in slots:
+            raw, n = encode_manifest(slot.manifest), slot.manifest["nbytes"]
+            sends += isend_offer(raw, n, slot.bin, state)
+        sends += isend_offer(None, 0, None, state)
     source = plan.sources[rank]
     if source == rank:
         own = mine[rank][step]
-        manifest, image, via = own.manifest, _map(own.bin, own.manifest["nbytes"]), "own"
+        chain = [(s.manifest, _map(s.bin, s.manifest["nbytes"])) for s in own]
+        via = "own"
     else:
-        offer = recv_offer(source)
-        if offer is None:
+        offers = list(iter(lambda: recv_offer(source), None))
+        if not offers:
             raise RuntimeError(f"rank {source} offered no snapshot though the world agreed on one")
-        manifest, via = offer.manifest, "memory" if offer.visible() else "network"
-        sends += isend_answer(via == "network", source)
-    for state, slot in serve.items():
-        if recv_answer(state):
-            n = slot.manifest["nbytes"]
-            sends += isend_image(_map(slot.bin, n), n, state)
-    if via == "memory":  # the holder's file, read in place: no copy
-        image = _map(offer.path, offer.nbytes)
+        via = "memory" if all(o.visible() for o in offers) else "network"
+        for _ in offers:
+            sends += isend_answer(via == "network", source)
+    for state, slots in serve.items():
+        for slot in slots:
+            if recv_answer(state):
+                n = slot.manifest["nbytes"]
+                sends += isend_image(_map(slot.bin, n), n, state)
+    if via == "memory":  # the holder's files, read in place: no copy
+        chain = [(o.manifest, _map(o.path, o.nbytes)) for o in offers]
     elif via == "network":
-        image = torch.empty(offer.nbytes, dtype=torch.uint8)
-        dist.recv(image, source)
-    if manifest["step"] != step or manifest["rank"] != rank:
-        raise RuntimeError(
-            f"snapshot for rank {rank} step {step} holds rank {manifest['rank']} "
-            f"step {manifest['step']}"
-        )
-    saved = load(model_parts, optimizers, lr_schedulers, manifest, image)
+        chain = []
+        for o in offers:
+            image = torch.empty(o.nbytes, dtype=torch.uint8)
+            dist.recv(image, source)
+            chain.append((o.manifest, image))
+    check_chain([m for m, _ in chain], rank, step)
+    saved = load_chain(model_parts, optimizers, lr_schedulers, chain)
     data.check_resume(saved)
     for s in sends:
         s.wait()
-    return MemoryRestore(
-        step, "memory" if source == rank else "peer", time.perf_counter() - t0, via
-    )
+    source_kind = "memory" if source == rank else "peer"
+    return MemoryRestore(step, source_kind, time.perf_counter() - t0, via, len(chain) - 1)

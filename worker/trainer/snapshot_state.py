@@ -90,6 +90,39 @@ def capture(
     )
 
 
+def grad_refs(parts: list[nn.Module]) -> list[tuple[str, torch.Tensor]]:
+    """The gradients the coming optimizer step consumes, clipped already (references: the
+    step after it sets fresh ones, `zero_grad(set_to_none=True)`, and never writes these)."""
+    return [
+        (f"g{i}/{n}", _local(p.grad))
+        for i, part in enumerate(parts)
+        for n, p in part.named_parameters()
+        if p.grad is not None
+    ]
+
+
+def capture_step(
+    parts: list[nn.Module],
+    optimizers: list[Optimizer],
+    schedulers: list[LRScheduler],
+    train_state: dict,
+    grads: list[tuple[str, torch.Tensor]],
+) -> Captured:
+    """A logged step (worker/snapshots.py): the step's gradients (`grad_refs`, taken before
+    it) and the buffers, and the hyperparameters the LR schedule left for the next step."""
+    tensors = list(grads)
+    for i, part in enumerate(parts):
+        tensors += [(f"b{i}/{n}", _local(b)) for n, b in part.named_buffers()]
+    groups = [
+        _encode([{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups])
+        for opt in optimizers
+    ]
+    return Captured(
+        tensors,
+        {"groups": groups, "scheduler": schedulers[0].state_dict(), "train_state": train_state},
+    )
+
+
 def layout(tensors: list[tuple[str, torch.Tensor]]) -> tuple[list[list], int]:
     """[[key, dtype, shape, offset, nbytes], ...] and the image's total size; the tensors
     start after the header that holds the image's stamp (worker/snapshots.py)."""
@@ -126,6 +159,72 @@ def views(image: torch.Tensor, lay: list) -> dict[str, torch.Tensor]:
     return {entry[0]: v for entry, v in zip(lay, destinations(image, lay), strict=True)}
 
 
+def _check_stamp(manifest: dict, image: torch.Tensor) -> None:
+    if bytes(image[:STAMP_BYTES].numpy()) != stamp(manifest):
+        raise RuntimeError(
+            f"snapshot of rank {manifest.get('rank')} step {manifest.get('step')}: its image "
+            "was rewritten after its manifest was read"
+        )
+
+
+def _like(t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Local tensor `t` shaped and placed like parameter `p` (a DTensor's piece -> DTensor)."""
+    if not isinstance(p, DTensor):
+        return t.to(p.device)
+    return DTensor.from_local(
+        t.to(_local(p).device),
+        p.device_mesh,
+        p.placements,
+        run_check=False,
+        shape=p.shape,
+        stride=p.stride(),
+    )
+
+
+def load_chain(
+    parts: list[nn.Module],
+    optimizers: list[Optimizer],
+    schedulers: list[LRScheduler],
+    chain: list[tuple[dict, torch.Tensor]],
+) -> dict:
+    """Load a whole snapshot, then replay the logged steps after it (worker/snapshots.py
+    `chains`); returns the train state of the last."""
+    (manifest, image), *logged = chain
+    saved = load(parts, optimizers, schedulers, manifest, image)
+    for manifest, image in logged:
+        saved = replay(parts, optimizers, schedulers, manifest, image)
+    return saved
+
+
+@torch.no_grad()
+def replay(
+    parts: list[nn.Module],
+    optimizers: list[Optimizer],
+    schedulers: list[LRScheduler],
+    manifest: dict,
+    image: torch.Tensor,
+) -> dict:
+    """Redo a logged step's optimizer step on the state before it: the same fused kernel on
+    the same parameters, state, gradients and hyperparameters gives the same bits as the
+    step that logged it. Then the hyperparameters, buffers and schedule it left."""
+    _check_stamp(manifest, image)
+    v = views(image, manifest["tensors"])
+    state = manifest["state"]
+    for i, (part, opt) in enumerate(zip(parts, optimizers, strict=True)):
+        for n, p in part.named_parameters():
+            g = v.get(f"g{i}/{n}")  # none: the step left this parameter alone, as here
+            p.grad = None if g is None else _like(g, p)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        for n, b in part.named_buffers():
+            _local(b).copy_(v[f"b{i}/{n}"])
+        for group, saved in zip(opt.param_groups, _decode(state["groups"][i]), strict=True):
+            group.update(saved)
+    for sched in schedulers:
+        sched.load_state_dict(state["scheduler"])
+    return state["train_state"]
+
+
 @torch.no_grad()
 def load(
     parts: list[nn.Module],
@@ -137,11 +236,7 @@ def load(
     """Put the image back into this rank's live state; returns the train state it held.
     Raises KeyError or RuntimeError when the image was taken on another layout, and
     RuntimeError when it no longer holds what the manifest describes (its stamp differs)."""
-    if bytes(image[:STAMP_BYTES].numpy()) != stamp(manifest):
-        raise RuntimeError(
-            f"snapshot of rank {manifest.get('rank')} step {manifest.get('step')}: its image "
-            "was rewritten after its manifest was read"
-        )
+    _check_stamp(manifest, image)
     v = views(image, manifest["tensors"])
     state = manifest["state"]
     for i, (part, opt) in enumerate(zip(parts, optimizers, strict=True)):
@@ -157,16 +252,8 @@ def load(
             for k, x in entry.items():
                 if isinstance(x, dict) and "tensor" in x:
                     t = v[x["tensor"]].clone()
-                    if x["dtensor"]:  # optimizer state is shaped and placed like its parameter
-                        t = DTensor.from_local(
-                            t.to(_local(p).device),
-                            p.device_mesh,
-                            p.placements,
-                            run_check=False,
-                            shape=p.shape,
-                            stride=p.stride(),
-                        )
-                    out[k] = t
+                    # optimizer state is shaped and placed like its parameter
+                    out[k] = _like(t, p) if x["dtensor"] else t
                 else:
                     out[k] = _decode(x)
             opt_state[int(idx)] = out
