@@ -21,21 +21,23 @@ without snapshots is the control: what the method reads when there is nothing to
 A snapshot every second step is always whole: logged steps (`snapshot.full_every`,
 worker/snapshots.py) need one after every step. So the steady state with logged steps is
 measured inside the ranks (this script, `--ranks`, under torchrun): the real trainer and
-snapshotter, with snapshots after every step in blocks of `--block` steps, switched off for the
-next block, and on again. Each step that follows a snapshot is compared with the step `--block`
-later, at the same place in the next block, which follows none. Whole snapshots and logged
+snapshotter, with snapshots after every step in one block of `--block` steps of each pair of
+blocks (which one, a seeded coin per pair) and none in the other. Each step that follows a
+snapshot is compared with the step at the same place in the other block, which follows
+none. Whole snapshots and logged
 steps are paired apart, and the cost is their medians weighted by how often each is taken
 (one in `full_every` whole, as in a run that never stops taking them). The same method with
 `full_every` 1 (every snapshot whole) is the baseline, and a run with the snapshots never on
 the control.
 
     python bench/snapshot_cost.py [--preset small] [--d-model 512 ...] [--steps 40] [--rounds 2]
-        [--block-steps 160]
+        [--block-steps 160] [--block 8] [--full-every K] [--blocks-only]
 
 Summary lines (stable): `snapshots / none (<model>): X.XXx (median step time)`,
 `snapshot step / next step, same run (<model>): X.XXXx (median of N pairs, 90% A-B; control
 C.CCCx)`, `snapshots every step, full_every K / none, same run (<model>): X.XXXx (whole W.WWWx,
-logged L.LLLx; N pairs, 90% A-B; control C.CCCx)`, the same for `full_every 1`, and with
+logged L.LLLx; N pairs, 90% A-B; control C.CCCx)`, the same for `full_every 1` (whole only),
+and with
 `--apart` `snapshots, buddy on another host / none (<model>): X.XXx (median step time)`.
 """
 
@@ -147,7 +149,7 @@ def rank_side(spec_path: str, plan_path: str, out: str, block: int, on: bool) ->
         parts = (trainer.parts, trainer.optimizers, trainer.schedulers)
 
         def taken(step: int) -> bool:  # a snapshot after `step`
-            return on and (step // block) % 2 == 1
+            return on and snapshot_block(step, block)
 
         def before_update(step: int) -> None:
             if taken(step):  # keeps the step's gradients for a logged step
@@ -185,19 +187,29 @@ def blocks_run(spec: dict, full_every: int, on: bool, block: int) -> list[dict]:
         ]
 
 
+def snapshot_block(step: int, block: int) -> bool:
+    """Whether the blocks run takes a snapshot after `step`: blocks go in pairs, and a coin
+    per pair (seeded: every rank and this process see the same) says which of the two is
+    on, so nothing that recurs at a fixed place in the run (a fixed alternation read 0.98
+    without any snapshots) lines up with the snapshots."""
+    first_on = random.Random(step // (2 * block)).random() < 0.5
+    return ((step // block) % 2 == 0) == first_on
+
+
 def block_pairs(result: list[dict], block: int) -> dict[str, list[float]]:
-    """kind -> for each snapshot of that kind (after step p, past warm-up), the step after it
-    over the step `block` later, which follows none; kind "none" where no snapshot was taken
-    at p though the blocks would have one there (the control)."""
+    """kind -> for each snapshot of that kind (after step p), the step after it over the
+    step at the same place in the other block of its pair, which follows none. Kind "none"
+    where no snapshot was taken at p though the blocks would have one there (the control)."""
     out: dict[str, list[float]] = {}
     for r in result:
         ends, kinds = r["ends"], r["kinds"]
+        took = {s: ends[s] - ends[s - 1] for s in ends if s - 1 in ends}  # end to end
         for p in ends:
-            q = p + block + 1
-            if p <= WARMUP or (p // block) % 2 == 0 or q not in ends or p + 1 not in ends:
+            q = p + block if (p // block) % 2 == 0 else p - block
+            if min(p, q) <= WARMUP or not snapshot_block(p, block):
                 continue
-            ratio = (ends[p + 1] - ends[p]) / (ends[q] - ends[q - 1])
-            out.setdefault(kinds.get(p) or "none", []).append(ratio)
+            if p + 1 in took and q + 1 in took:
+                out.setdefault(kinds.get(p) or "none", []).append(took[p + 1] / took[q + 1])
     return out
 
 
@@ -242,6 +254,72 @@ def two_hosts(args: list[str]) -> None:
         sys.exit(f"benchmark run on two hosts failed:\n{errors[0][-1500:]}\n{errors[1][-1500:]}")
 
 
+def separate_runs(a: argparse.Namespace, model: dict, name: str) -> None:
+    """The A/B of separate runs, the paired run (a snapshot every second step) and `--apart`."""
+    spec = job(model, a.steps)
+    none, snap, apart, size = [], [], [], 0
+    pairs, control = [], []
+    for i in range(a.rounds):
+        ranks = run(spec, False)[0]
+        none += pooled(ranks)
+        control += pair_ratios(ranks)
+        ranks, size = run(spec, True)
+        snap += pooled(ranks)
+        pairs += pair_ratios(run(spec, True, every=PAIRED_EVERY)[0])
+        line = f"  round {i + 1}: none {statistics.median(none) * 1e3:.1f} ms, snapshots "
+        line += f"{statistics.median(snap) * 1e3:.1f} ms, paired {statistics.median(pairs):.3f}x"
+        if a.apart:
+            apart += pooled(run(spec, True, apart=True)[0])
+            line += f", buddy on another host {statistics.median(apart) * 1e3:.1f} ms"
+        print(line, flush=True)
+    m0, m1 = statistics.median(none), statistics.median(snap)
+    print(
+        f"model {name}, dp=2, {a.steps} steps x {a.rounds} rounds; a rank's snapshot "
+        f"{size / 2**20:.1f} MiB (own slot; on one host its buddy links the same file)"
+    )
+    print(f"  median step: none {m0 * 1e3:.1f} ms, snapshots {m1 * 1e3:.1f} ms")
+    print(f"snapshots / none ({name}): {m1 / m0:.2f}x (median step time)")
+    lo, hi = interval(pairs)
+    print(
+        f"snapshot step / next step, same run ({name}): {statistics.median(pairs):.3f}x "
+        f"(median of {len(pairs)} pairs, 90% {lo:.3f}-{hi:.3f}; "
+        f"control {statistics.median(control):.3f}x)"
+    )
+    if a.apart:
+        m2 = statistics.median(apart)
+        print(
+            f"snapshots, buddy on another host / none ({name}): {m2 / m0:.2f}x (median step time)"
+        )
+
+
+def blocks(a: argparse.Namespace, model: dict, name: str) -> None:
+    """Snapshots every step in blocks, with logged steps (`--full-every`) and all whole."""
+    spec, k = job(model, a.block_steps), a.full_every
+    got: dict[int, dict[str, list[float]]] = {k: {}, 1: {}}
+    off: list[float] = []
+    for i in range(a.rounds):
+        for every in got:
+            for kind, r in block_pairs(blocks_run(spec, every, True, a.block), a.block).items():
+                got[every].setdefault(kind, []).extend(r)
+        off += block_pairs(blocks_run(spec, k, False, a.block), a.block)["none"]
+        print(
+            f"  round {i + 1}: full_every {k} {weighted(got[k], k):.3f}x, full_every 1 "
+            f"{weighted(got[1], 1):.3f}x, control {statistics.median(off):.3f}x",
+            flush=True,
+        )
+    print(f"model {name}, dp=2, {a.block_steps} steps x {a.rounds} rounds, blocks of {a.block}")
+    for every, pairs in got.items():
+        lo, hi = weighted_interval(pairs, every)
+        kinds = f"whole {statistics.median(pairs['whole']):.3f}x"
+        if "grads" in pairs:
+            kinds += f", logged {statistics.median(pairs['grads']):.3f}x"
+        print(
+            f"snapshots every step, full_every {every} / none, same run ({name}): "
+            f"{weighted(pairs, every):.3f}x ({kinds}; {sum(map(len, pairs.values()))} pairs, "
+            f"90% {lo:.3f}-{hi:.3f}; control {statistics.median(off):.3f}x)"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="small")
@@ -250,7 +328,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--block-steps", type=int, default=160, help="steps of each blocks run")
-    ap.add_argument("--block", type=int, default=8, help="steps per block (on, then off)")
+    ap.add_argument("--block", type=int, default=8, help="steps per block")
+    ap.add_argument(
+        "--full-every",
+        type=int,
+        default=SnapshotSpec().full_every,
+        help="snapshot.full_every of the blocks run with logged steps (default: the spec's)",
+    )
+    ap.add_argument(
+        "--blocks-only", action="store_true", help="only the blocks runs (the steady state)"
+    )
     ap.add_argument("--ranks", nargs=5, help=argparse.SUPPRESS)  # the rank side of a blocks run
     ap.add_argument(
         "--apart",
@@ -269,61 +356,9 @@ def main() -> None:
         name = f"{a.layers} layers, d_model {a.d_model}"
     else:
         model, name = {"preset": a.preset}, a.preset
-    spec = job(model, a.steps)
-    none, snap, apart, size = [], [], [], 0
-    pairs, control = [], []
-    k = SnapshotSpec().full_every
-    logged: dict[str, list[float]] = {}
-    whole: dict[str, list[float]] = {}
-    off: list[float] = []
-    blocks_spec = job(model, a.block_steps)
-    for i in range(a.rounds):
-        ranks = run(spec, False)[0]
-        none += pooled(ranks)
-        control += pair_ratios(ranks)
-        ranks, size = run(spec, True)
-        snap += pooled(ranks)
-        pairs += pair_ratios(run(spec, True, every=PAIRED_EVERY)[0])
-        line = f"  round {i + 1}: none {statistics.median(none) * 1e3:.1f} ms, snapshots "
-        line += f"{statistics.median(snap) * 1e3:.1f} ms, paired {statistics.median(pairs):.3f}x"
-        for kind, r in block_pairs(blocks_run(blocks_spec, k, True, a.block), a.block).items():
-            logged.setdefault(kind, []).extend(r)
-        for kind, r in block_pairs(blocks_run(blocks_spec, 1, True, a.block), a.block).items():
-            whole.setdefault(kind, []).extend(r)
-        off += block_pairs(blocks_run(blocks_spec, k, False, a.block), a.block)["none"]
-        line += f", full_every {k} {weighted(logged, k):.3f}x, full_every 1 "
-        line += f"{weighted(whole, 1):.3f}x"
-        if a.apart:
-            apart += pooled(run(spec, True, apart=True)[0])
-            line += f", buddy on another host {statistics.median(apart) * 1e3:.1f} ms"
-        print(line, flush=True)
-    m0, m1 = statistics.median(none), statistics.median(snap)
-    print(
-        f"model {name}, dp=2, {a.steps} steps x {a.rounds} rounds; a rank's snapshot "
-        f"{size / 2**20:.1f} MiB (own slot; on one host its buddy links the same file)"
-    )
-    print(f"  median step: none {m0 * 1e3:.1f} ms, snapshots {m1 * 1e3:.1f} ms")
-    print(f"snapshots / none ({name}): {m1 / m0:.2f}x (median step time)")
-    lo, hi = interval(pairs)
-    print(
-        f"snapshot step / next step, same run ({name}): {statistics.median(pairs):.3f}x "
-        f"(median of {len(pairs)} pairs, 90% {lo:.3f}-{hi:.3f}; "
-        f"control {statistics.median(control):.3f}x)"
-    )
-    c = statistics.median(off)
-    for every, got in ((k, logged), (1, whole)):
-        lo, hi = weighted_interval(got, every)
-        print(
-            f"snapshots every step, full_every {every} / none, same run ({name}): "
-            f"{weighted(got, every):.3f}x (whole {statistics.median(got['whole']):.3f}x, "
-            f"logged {statistics.median(got.get('grads', [c])):.3f}x; "
-            f"{sum(map(len, got.values()))} pairs, 90% {lo:.3f}-{hi:.3f}; control {c:.3f}x)"
-        )
-    if a.apart:
-        m2 = statistics.median(apart)
-        print(
-            f"snapshots, buddy on another host / none ({name}): {m2 / m0:.2f}x (median step time)"
-        )
+    if not a.blocks_only:
+        separate_runs(a, model, name)
+    blocks(a, model, name)
 
 
 if __name__ == "__main__":
