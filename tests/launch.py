@@ -106,6 +106,19 @@ def run_ranks(
     return _server.run(world, module, args, timeout)
 
 
+def scenario_lines(proc: subprocess.CompletedProcess) -> dict[str, list[dict]]:
+    """The JSON lines a rank-side test module printed (`scenario`, `rank`, ...): scenario ->
+    its rows in rank order."""
+    out: dict[str, list[dict]] = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            r = json.loads(line)
+            out.setdefault(r["scenario"], []).append(r)
+    for rows in out.values():
+        rows.sort(key=lambda r: r["rank"])
+    return out
+
+
 def trainer_args(spec: dict, directory: Path, extra: Sequence[str] = ()) -> tuple[int, list[str]]:
     """(world size, the trainer's arguments): rank 0's metrics go to directory/steps.jsonl."""
     directory.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from tests.launch import run_ranks
+from tests.launch import run_ranks, scenario_lines
 
 SCENARIOS = ("dp2-zero3", "tp2")
 STEPS = 10
@@ -27,11 +27,7 @@ def results(tmp_path_factory) -> dict[str, list[dict]]:
     root = tmp_path_factory.mktemp("snapshots")  # both ranks' worker directory
     proc = run_ranks(2, "tests.unit.test_snapshot_chain", [str(root)], timeout=120)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    out: dict[str, list[dict]] = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("{"):
-            r = json.loads(line)
-            out.setdefault(r["scenario"], []).append(r)
+    out = scenario_lines(proc)
     assert sorted(out) == sorted(SCENARIOS), proc.stdout[-2000:]
     return out
 

@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from tests.launch import run_ranks
+from tests.launch import run_ranks, scenario_lines
 
 SCENARIOS = ("moe-dp2-zero3-clean", "dp2-zero3-fault", "tp2-fault")
 
@@ -23,13 +23,7 @@ SCENARIOS = ("moe-dp2-zero3-clean", "dp2-zero3-fault", "tp2-fault")
 def results() -> dict[str, list[dict]]:
     proc = run_ranks(2, "tests.unit.test_spot_check", timeout=120)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    out: dict[str, list[dict]] = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("{"):
-            r = json.loads(line)
-            out.setdefault(r["scenario"], []).append(r)
-    for rows in out.values():
-        rows.sort(key=lambda r: r["rank"])
+    out = scenario_lines(proc)
     assert sorted(out) == sorted(SCENARIOS), proc.stdout[-2000:]
     return out
 
