@@ -153,7 +153,7 @@ def rank_side(spec_path: str, plan_path: str, out: str, block: int, on: bool) ->
 
         def before_update(step: int) -> None:
             if taken(step):  # keeps the step's gradients for a logged step
-                snaps.before_update(step, trainer.parts)
+                snaps.before_update(step, trainer.optimizers)
             else:
                 snaps.wait_held()
 

@@ -105,7 +105,7 @@ def _scenario(name: str, parallel: dict, rank: int, device, root) -> dict:
     snaps.take(0, *parts, {"step": 0})
     for index in range(STEPS):
         step = index + 1
-        t.train_step(index, before_update=lambda s=step: snaps.before_update(s, t.parts))
+        t.train_step(index, before_update=lambda s=step: snaps.before_update(s, t.optimizers))
         if step == BLOCKED:
             blocked.mkdir(parents=True)  # a directory: the slot's file cannot be mapped
         snaps.take(step, *parts, {"step": step}, checked=step == CHECKED)

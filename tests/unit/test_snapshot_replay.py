@@ -78,7 +78,7 @@ def test_a_whole_snapshot_and_logged_gradients_restore_the_very_bits():
         x = torch.randn(8, 16)
         net(x, step).square().mean().backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5)
-        grads = grad_refs([net])  # before the step, as the trainer's before_update
+        grads = grad_refs([opt])  # before the step, as the trainer's before_update
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)

@@ -279,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
             if ckpt:  # nothing still copying may see the parameters change
                 ckpt.wait_staged()
             if snaps:
-                snaps.before_update(step, trainer.parts)
+                snaps.before_update(step, trainer.optimizers)
             if flips:
                 flips.before_update(step)
 

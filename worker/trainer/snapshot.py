@@ -235,14 +235,14 @@ class Snapshotter:
     def due(self, step: int) -> bool:
         return step % self.plan.every == 0
 
-    def before_update(self, step: int, parts: list[nn.Module]) -> None:
+    def before_update(self, step: int, optimizers: list[Optimizer]) -> None:
         """Just before the optimizer step that completes `step`: wait for the newest
         snapshot's exchange (`wait_held`), and keep the gradients that step consumes, for a
         logged step. Kept only until that snapshot's copy: on a GPU they cost device memory
         of their size during the next step's forward."""
         self.wait_held()
         if self.logs:
-            self.grads = (step, grad_refs(parts))
+            self.grads = (step, grad_refs(optimizers))
 
     def take(
         self,

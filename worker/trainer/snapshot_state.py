@@ -90,13 +90,21 @@ def capture(
     )
 
 
-def grad_refs(parts: list[nn.Module]) -> list[tuple[str, torch.Tensor]]:
-    """The gradients the coming optimizer step consumes, clipped already (references: the
-    step after it sets fresh ones, `zero_grad(set_to_none=True)`, and never writes these)."""
+def optimized(opt: Optimizer) -> list[torch.Tensor]:
+    """The parameters `opt` updates, in the order its state is indexed by."""
+    return [p for g in opt.param_groups for p in g["params"]]
+
+
+def grad_refs(optimizers: list[Optimizer]) -> list[tuple[str, torch.Tensor]]:
+    """The gradients the coming optimizer steps consume, clipped already: exactly those of
+    the parameters each optimizer holds, keyed by their place there, from the optimizer's own
+    lists (walking the modules' names instead cost ~0.4 ms of the training thread at every
+    step). References: the step after it sets fresh ones, `zero_grad(set_to_none=True)`, and
+    never writes these."""
     return [
-        (f"g{i}/{n}", _local(p.grad))
-        for i, part in enumerate(parts)
-        for n, p in part.named_parameters()
+        (f"g{i}/{j}", _local(p.grad))
+        for i, opt in enumerate(optimizers)
+        for j, p in enumerate(optimized(opt))
         if p.grad is not None
     ]
 
@@ -211,8 +219,8 @@ def replay(
     v = views(image, manifest["tensors"])
     state = manifest["state"]
     for i, (part, opt) in enumerate(zip(parts, optimizers, strict=True)):
-        for n, p in part.named_parameters():
-            g = v.get(f"g{i}/{n}")  # none: the step left this parameter alone, as here
+        for j, p in enumerate(optimized(opt)):
+            g = v.get(f"g{i}/{j}")  # none: the step left this parameter alone, as here
             p.grad = None if g is None else _like(g, p)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -244,7 +252,7 @@ def load(
             _local(p).copy_(v[f"p{i}/{n}"])
         for n, b in part.named_buffers():
             _local(b).copy_(v[f"b{i}/{n}"])
-        params = [p for g in opt.param_groups for p in g["params"]]
+        params = optimized(opt)
         saved = state["optim"][i]
         opt_state = {}
         for idx, entry in saved["state"].items():
