@@ -22,13 +22,12 @@ A snapshot every second step is always whole: logged steps (`snapshot.full_every
 worker/snapshots.py) need one after every step. So the steady state with logged steps is
 measured inside the ranks (this script, `--ranks`, under torchrun): the real trainer and
 snapshotter, with snapshots after every step in one block of `--block` steps of each pair of
-blocks (which one, a seeded coin per pair) and none in the other. Each step that follows a
-snapshot is compared with the step at the same place in the other block, which follows
-none. Whole snapshots and logged
-steps are paired apart, and the cost is their medians weighted by how often each is taken
-(one in `full_every` whole, as in a run that never stops taking them). The same method with
-`full_every` 1 (every snapshot whole) is the baseline, and a run with the snapshots never on
-the control.
+blocks (which one: a coin per pair, tossed anew each round) and none in the other. Each
+step that follows a snapshot is compared with the step at the same place in the other
+block, which follows none. Whole snapshots and logged steps are paired apart, and the cost
+is their medians weighted by how often each is taken (one in `full_every` whole, as in a run
+that never stops taking them). The same method with `full_every` 1 (every snapshot whole) is
+the baseline, and a run with the snapshots never on the control.
 
     python bench/snapshot_cost.py [--preset small] [--d-model 512 ...] [--steps 40] [--rounds 2]
         [--block-steps 160] [--block 8] [--full-every K] [--blocks-only]
@@ -51,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
@@ -127,9 +127,9 @@ def interval(ratios: list[float], draws: int = 2000) -> tuple[float, float]:
     return meds[draws // 20], meds[-draws // 20]
 
 
-def rank_side(spec_path: str, plan_path: str, out: str, block: int, on: bool) -> None:
-    """One rank of a blocks run (`--ranks`): snapshots after every step in alternate blocks
-    of `block` steps (none at all without `on`); writes {step: end time} and {step: kind}."""
+def rank_side(spec_path: str, plan_path: str, out: str, blocks: Blocks, on: bool) -> None:
+    """One rank of a blocks run (`--ranks`): snapshots after every step in the blocks that
+    `blocks` turns on (none at all without `on`); writes {step: end time} and {step: kind}."""
     from services.spec import load_spec
     from worker.snapshots import SnapshotPlan
     from worker.trainer.distributed import init_distributed, shutdown_distributed
@@ -149,7 +149,7 @@ def rank_side(spec_path: str, plan_path: str, out: str, block: int, on: bool) ->
         parts = (trainer.parts, trainer.optimizers, trainer.schedulers)
 
         def taken(step: int) -> bool:  # a snapshot after `step`
-            return on and snapshot_block(step, block)
+            return on and blocks.snapshot_after(step)
 
         def before_update(step: int) -> None:
             if taken(step):  # keeps the step's gradients for a logged step
@@ -171,7 +171,7 @@ def rank_side(spec_path: str, plan_path: str, out: str, block: int, on: bool) ->
         shutdown_distributed()
 
 
-def blocks_run(spec: dict, full_every: int, on: bool, block: int) -> list[dict]:
+def blocks_run(spec: dict, full_every: int, on: bool, blocks: Blocks) -> list[dict]:
     """Each rank's {"ends": {step: time}, "kinds": {step: kind}} from a blocks run."""
     with tempfile.TemporaryDirectory() as d, tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
         d = Path(d)
@@ -179,7 +179,8 @@ def blocks_run(spec: dict, full_every: int, on: bool, block: int) -> list[dict]:
         plan["holders"] = {0: 1, 1: 0}
         (d / "plan.json").write_text(json.dumps(plan))
         out = str(d / "blocks-{rank}.json")
-        args = [str(spec_file(spec, d)), str(d / "plan.json"), out, str(block), str(int(on))]
+        args = [str(spec_file(spec, d)), str(d / "plan.json"), out]
+        args += [str(blocks.size), str(blocks.seed), str(int(on))]
         torchrun(2, [str(Path(__file__).resolve()), "--ranks", *args])
         return [
             {k: {int(s): v for s, v in x.items()} for k, x in json.loads(f.read_text()).items()}
@@ -187,16 +188,25 @@ def blocks_run(spec: dict, full_every: int, on: bool, block: int) -> list[dict]:
         ]
 
 
-def snapshot_block(step: int, block: int) -> bool:
-    """Whether the blocks run takes a snapshot after `step`: blocks go in pairs, and a coin
-    per pair (seeded: every rank and this process see the same) says which of the two is
-    on, so nothing that recurs at a fixed place in the run (a fixed alternation read 0.98
-    without any snapshots) lines up with the snapshots."""
-    first_on = random.Random(step // (2 * block)).random() < 0.5
-    return ((step // block) % 2 == 0) == first_on
+@dataclass(frozen=True)
+class Blocks:
+    """Where a blocks run takes snapshots: blocks of `size` steps go in pairs, and a coin per
+    pair says which of the two is on, so nothing that recurs at a fixed place in the run (a
+    fixed alternation read 0.98 without any snapshots) lines up with the snapshots. The
+    coins are seeded (every rank and this process toss the same), by the round: with one
+    seed for all, a run of 160 steps has 10 coins, the same 10 in every round, and whatever
+    a run's drift does with that one pattern would lean every round the same way."""
+
+    size: int
+    seed: int
+
+    def snapshot_after(self, step: int) -> bool:
+        pair = step // (2 * self.size)
+        first_on = random.Random(f"{self.seed}:{pair}").random() < 0.5
+        return ((step // self.size) % 2 == 0) == first_on
 
 
-def block_pairs(result: list[dict], block: int) -> dict[str, list[float]]:
+def block_pairs(result: list[dict], blocks: Blocks) -> dict[str, list[float]]:
     """kind -> for each snapshot of that kind (after step p), the step after it over the
     step at the same place in the other block of its pair, which follows none. Kind "none"
     where no snapshot was taken at p though the blocks would have one there (the control)."""
@@ -205,8 +215,8 @@ def block_pairs(result: list[dict], block: int) -> dict[str, list[float]]:
         ends, kinds = r["ends"], r["kinds"]
         took = {s: ends[s] - ends[s - 1] for s in ends if s - 1 in ends}  # end to end
         for p in ends:
-            q = p + block if (p // block) % 2 == 0 else p - block
-            if min(p, q) <= WARMUP or not snapshot_block(p, block):
+            q = p + blocks.size if (p // blocks.size) % 2 == 0 else p - blocks.size
+            if min(p, q) <= WARMUP or not blocks.snapshot_after(p):
                 continue
             if p + 1 in took and q + 1 in took:
                 out.setdefault(kinds.get(p) or "none", []).append(took[p + 1] / took[q + 1])
@@ -298,10 +308,11 @@ def blocks(a: argparse.Namespace, model: dict, name: str) -> None:
     got: dict[int, dict[str, list[float]]] = {k: {}, 1: {}}
     off: list[float] = []
     for i in range(a.rounds):
+        b = Blocks(a.block, seed=i)  # the round's coins, the same for its three runs
         for every in got:
-            for kind, r in block_pairs(blocks_run(spec, every, True, a.block), a.block).items():
+            for kind, r in block_pairs(blocks_run(spec, every, True, b), b).items():
                 got[every].setdefault(kind, []).extend(r)
-        off += block_pairs(blocks_run(spec, k, False, a.block), a.block)["none"]
+        off += block_pairs(blocks_run(spec, k, False, b), b)["none"]
         print(
             f"  round {i + 1}: full_every {k} {weighted(got[k], k):.3f}x, full_every 1 "
             f"{weighted(got[1], 1):.3f}x, control {statistics.median(off):.3f}x",
@@ -338,7 +349,7 @@ def main() -> None:
     ap.add_argument(
         "--blocks-only", action="store_true", help="only the blocks runs (the steady state)"
     )
-    ap.add_argument("--ranks", nargs=5, help=argparse.SUPPRESS)  # the rank side of a blocks run
+    ap.add_argument("--ranks", nargs=6, help=argparse.SUPPRESS)  # the rank side of a blocks run
     ap.add_argument(
         "--apart",
         action="store_true",
@@ -347,8 +358,8 @@ def main() -> None:
     )
     a = ap.parse_args()
     if a.ranks:
-        spec_path, plan_path, out, block, on = a.ranks
-        rank_side(spec_path, plan_path, out, int(block), on == "1")
+        spec_path, plan_path, out, size, seed, on = a.ranks
+        rank_side(spec_path, plan_path, out, Blocks(int(size), int(seed)), on == "1")
         return
     if a.d_model:
         model = {"layers": a.layers, "d_model": a.d_model, "heads": 8, "vocab": 4096}
