@@ -133,11 +133,13 @@ def rank_side(spec_path: str, plan_path: str, out: str, blocks: Blocks, on: bool
     from services.spec import load_spec
     from worker.snapshots import SnapshotPlan
     from worker.trainer.distributed import init_distributed, shutdown_distributed
+    from worker.trainer.memory import return_freed_memory
     from worker.trainer.parallel import ParallelDims, RankContext
     from worker.trainer.snapshot import Snapshotter
     from worker.trainer.step import Trainer
 
     spec = load_spec(spec_path)
+    return_freed_memory()  # as the trainer does (worker/trainer/main.py): the same allocator
     rank, _, device = init_distributed(timeout_s=60)
     try:
         dims = ParallelDims(spec.parallel, device.type)
@@ -221,6 +223,11 @@ def block_pairs(result: list[dict], blocks: Blocks) -> dict[str, list[float]]:
             if p + 1 in took and q + 1 in took:
                 out.setdefault(kinds.get(p) or "none", []).append(took[p + 1] / took[q + 1])
     return out
+
+
+def step_times(result: list[dict]) -> list[float]:
+    """Every rank's step times (end to end) after warm-up, from a blocks run."""
+    return [r["ends"][s] - r["ends"][s - 1] for r in result for s in r["ends"] if s - 1 > WARMUP]
 
 
 def weighted(pairs: dict[str, list[float]], full_every: int) -> float:
@@ -307,18 +314,25 @@ def blocks(a: argparse.Namespace, model: dict, name: str) -> None:
     spec, k = job(model, a.block_steps), a.full_every
     got: dict[int, dict[str, list[float]]] = {k: {}, 1: {}}
     off: list[float] = []
+    took: dict[str, list[float]] = {}  # each run's step times, for the host's pace
     for i in range(a.rounds):
         b = Blocks(a.block, seed=i)  # the round's coins, the same for its three runs
         for every in got:
-            for kind, r in block_pairs(blocks_run(spec, every, True, b), b).items():
+            result = blocks_run(spec, every, True, b)
+            took.setdefault(f"full_every {every}", []).extend(step_times(result))
+            for kind, r in block_pairs(result, b).items():
                 got[every].setdefault(kind, []).extend(r)
-        off += block_pairs(blocks_run(spec, k, False, b), b)["none"]
+        result = blocks_run(spec, k, False, b)
+        took.setdefault("none", []).extend(step_times(result))
+        off += block_pairs(result, b)["none"]
         print(
             f"  round {i + 1}: full_every {k} {weighted(got[k], k):.3f}x, full_every 1 "
             f"{weighted(got[1], 1):.3f}x, control {statistics.median(off):.3f}x",
             flush=True,
         )
     print(f"model {name}, dp=2, {a.block_steps} steps x {a.rounds} rounds, blocks of {a.block}")
+    pace = ", ".join(f"{arm} {statistics.median(t) * 1e3:.1f} ms" for arm, t in took.items())
+    print(f"  median step (half the steps of a run follow a snapshot): {pace}")
     for every, pairs in got.items():
         lo, hi = weighted_interval(pairs, every)
         kinds = f"whole {statistics.median(pairs['whole']):.3f}x"
