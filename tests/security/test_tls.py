@@ -6,6 +6,8 @@ redis-server, real processes."""
 
 from __future__ import annotations
 
+import ssl
+
 import httpx
 import pytest
 import redis
@@ -44,7 +46,8 @@ def tls(tmp_path_factory):
         work / "logs",
     )
     url = f"https://127.0.0.1:{port}"
-    client = Client(url, secrets.admin_token, timeout=5, verify=str(cert))
+    trust = ssl.create_default_context(cafile=str(cert))
+    client = Client(url, secrets.admin_token, timeout=5, verify=trust)
     wait_until(lambda: client.ready() or not ctl.alive(), 30, "the HTTPS controller to be ready")
     assert ctl.alive(), ctl.tail()
     yield work, cert, server, url, client, secrets
