@@ -208,6 +208,17 @@ class Blocks:
         first_on = random.Random(f"{self.seed}:{pair}").random() < 0.5
         return ((step // self.size) % 2 == 0) == first_on
 
+    def around(self, p: int, steps: int) -> tuple[int, int] | None:
+        """For a snapshot after step p, the steps at its place in the blocks on both sides,
+        when neither block takes snapshots and all are measured (after warm-up, with a step
+        after each, in a run of `steps`); else None (`block_pairs`)."""
+        if p <= WARMUP or p >= steps or not self.snapshot_after(p):
+            return None
+        both = (p - self.size, p + self.size)
+        if all(WARMUP < q < steps and not self.snapshot_after(q) for q in both):
+            return both
+        return None
+
 
 def block_pairs(result: list[dict], blocks: Blocks) -> dict[str, list[float]]:
     """kind -> for each snapshot of that kind (after step p) whose block has blocks without
@@ -219,20 +230,23 @@ def block_pairs(result: list[dict], blocks: Blocks) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for r in result:
         ends, kinds = r["ends"], r["kinds"]
-        took = {s: ends[s] - ends[s - 1] for s in ends if s - 1 in ends}  # end to end
+        took = durations(ends)
         for p in ends:
-            if p <= WARMUP or p + 1 not in took or not blocks.snapshot_after(p):
-                continue
-            around = (p - blocks.size, p + blocks.size)
-            if all(q > WARMUP and q + 1 in took and not blocks.snapshot_after(q) for q in around):
+            if around := blocks.around(p, max(ends)):
                 base = statistics.fmean(took[q + 1] for q in around)
                 out.setdefault(kinds.get(p) or "none", []).append(took[p + 1] / base)
     return out
 
 
+def durations(ends: dict[int, float]) -> dict[int, float]:
+    """Each step's time, from one step's end to the next (what a snapshot's capture adds to
+    the training thread counts too)."""
+    return {s: ends[s] - ends[s - 1] for s in ends if s - 1 in ends}
+
+
 def step_times(result: list[dict]) -> list[float]:
-    """Every rank's step times (end to end) after warm-up, from a blocks run."""
-    return [r["ends"][s] - r["ends"][s - 1] for r in result for s in r["ends"] if s - 1 > WARMUP]
+    """Every rank's step times after warm-up, from a blocks run."""
+    return [t for r in result for s, t in durations(r["ends"]).items() if s - 1 > WARMUP]
 
 
 def weighted(pairs: dict[str, list[float]], full_every: int) -> float:
@@ -317,11 +331,16 @@ def separate_runs(a: argparse.Namespace, model: dict, name: str) -> None:
 def blocks(a: argparse.Namespace, model: dict, name: str) -> None:
     """Snapshots every step in blocks, with logged steps (`--full-every`) and all whole."""
     spec, k = job(model, a.block_steps), a.full_every
+    rounds = [Blocks(a.block, seed=i) for i in range(a.rounds)]  # each round's coins
+    if not any(b.around(p, a.block_steps) for b in rounds for p in range(a.block_steps)):
+        sys.exit(
+            f"no block of {a.block} steps in {a.block_steps} has blocks without snapshots on "
+            f"both sides in {a.rounds} rounds: raise --block-steps (default 160) or --rounds"
+        )
     got: dict[int, dict[str, list[float]]] = {k: {}, 1: {}}
     off: list[float] = []
     took: dict[str, list[float]] = {}  # each run's step times, for the host's pace
-    for i in range(a.rounds):
-        b = Blocks(a.block, seed=i)  # the round's coins, the same for its three runs
+    for i, b in enumerate(rounds):  # the round's coins, the same for its three runs
         for every in got:
             result = blocks_run(spec, every, True, b)
             took.setdefault(f"full_every {every}", []).extend(step_times(result))
@@ -329,7 +348,9 @@ def blocks(a: argparse.Namespace, model: dict, name: str) -> None:
                 got[every].setdefault(kind, []).extend(r)
         result = blocks_run(spec, k, False, b)
         took.setdefault("none", []).extend(step_times(result))
-        off += block_pairs(result, b)["none"]
+        off += block_pairs(result, b).get("none", [])
+        if not off or not all(got.values()):
+            continue  # no block of this round had both neighbours without snapshots
         print(
             f"  round {i + 1}: full_every {k} {weighted(got[k], k):.3f}x, full_every 1 "
             f"{weighted(got[1], 1):.3f}x, control {statistics.median(off):.3f}x",
