@@ -147,7 +147,9 @@ def rank_side(spec_path: str, plan_path: str, out: str, blocks: Blocks, on: bool
         trainer = Trainer(spec, RankContext(dims, dims.build_mesh(), rank, device))
         plan = SnapshotPlan.from_json(json.loads(Path(plan_path).read_text()))
         kinds: dict[int, str] = {}
-        snaps = Snapshotter(plan, rank, device, lambda line: kinds.update({line["step"]: line}))
+        snaps = Snapshotter(
+            plan, rank, device, lambda line: kinds.update({line["step"]: line}), trainer.parts
+        )
         ends: dict[int, float] = {}
         parts = (trainer.parts, trainer.optimizers, trainer.schedulers)
 

@@ -65,6 +65,15 @@ class SnapshotPlan:
         full_every), all newer than any other, so it may overwrite the one before those."""
         return self.full_every + self.keep - 3
 
+    def own_grads_slots(self) -> int:
+        """Slots of a rank's own logged-step ring, two more than a held one: its slots are
+        claimed a step earlier, at the step's first gradient reduced into one (before the
+        snapshot of the step before may have ended), and by every step, whatever its snapshot
+        becomes (worker/trainer/snapshot_grads.py). Counted in claims, the oldest logged step
+        of the chains of the `keep` newest steps is at most `full_every + keep - 2` claims
+        before the one being made."""
+        return self.full_every + self.keep - 1
+
     def to_json(self) -> dict:
         return {
             "dir": str(self.dir),

@@ -69,6 +69,27 @@ def test_a_chain_restores_the_state_bit_for_bit(results, scenario):
         assert r["differs_after_the_next_step"], r  # the comparison can fail
 
 
+def test_fsdp_reduces_a_logged_steps_gradients_into_its_slot(results):
+    """From the second step on (the first teaches each reduce-scatter its output's size), a
+    logged step under FSDP copies only its buffers: its gradients were reduced into its slot.
+    Under TP alone nothing reduces into slots, and every logged step copies all of them."""
+    fsdp = [{int(s): c for s, c in r["copied"].items()} for r in results["dp2-zero3"]]
+    tp = [{int(s): c for s, c in r["copied"].items()} for r in results["tp2"]]
+    for copied, r in zip(fsdp, results["dp2-zero3"], strict=True):
+        assert copied[1] > 100 * r["buffer_bytes"], copied  # step 1: every gradient copied
+        assert [copied[s] for s in (4, 5, 7, 8, 9)] == [r["buffer_bytes"]] * 5, copied
+    for copied in tp:
+        assert [copied[s] for s in (4, 5, 7, 8, 9)] == [copied[1]] * 5, copied
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_training_with_snapshots_gives_the_bits_of_training_without(results, scenario):
+    """Gradients reduced into slots are the very gradients of a run without snapshots (FSDP
+    views them out of the slot: a wrong offset there would alias them)."""
+    for r in results[scenario]:
+        assert r["same_as_without_snapshots"], r
+
+
 # -- the rank side -----------------------------------------------------------------------
 def _scenario(name: str, parallel: dict, rank: int, device, root) -> dict:
     import torch
@@ -91,10 +112,14 @@ def _scenario(name: str, parallel: dict, rank: int, device, root) -> dict:
         }
     )
     dims = ParallelDims(spec.parallel, device.type)
-    t = Trainer(spec, RankContext(dims, dims.build_mesh(), rank, device))
+    mesh = dims.build_mesh()
+    reference = Trainer(spec, RankContext(dims, mesh, rank, device))  # never snapshotted
+    for index in range(REPLAYED_AT):
+        reference.train_step(index)
+    t = Trainer(spec, RankContext(dims, mesh, rank, device))
     plan = SnapshotPlan(root / name, 1, 1, 2, {0: 1, 1: 0}, full_every=4)
     lines: dict[int, dict] = {}
-    snaps = Snapshotter(plan, rank, device, lambda line: lines.update({line["step"]: line}))
+    snaps = Snapshotter(plan, rank, device, lambda x: lines.update({x["step"]: x}), t.parts)
     parts = (t.parts, t.optimizers, t.schedulers)
 
     def state() -> list:
@@ -105,9 +130,9 @@ def _scenario(name: str, parallel: dict, rank: int, device, root) -> dict:
     snaps.take(0, *parts, {"step": 0})
     for index in range(STEPS):
         step = index + 1
-        t.train_step(index, before_update=lambda s=step: snaps.before_update(s, t.optimizers))
-        if step == BLOCKED:
+        if step == BLOCKED:  # before the step: its gradients are reduced into its slot
             blocked.mkdir(parents=True)  # a directory: the slot's file cannot be mapped
+        t.train_step(index, before_update=lambda s=step: snaps.before_update(s, t.optimizers))
         snaps.take(step, *parts, {"step": step}, checked=step == CHECKED)
         snaps.wait_held()
         if step == BLOCKED:
@@ -129,11 +154,19 @@ def _scenario(name: str, parallel: dict, rank: int, device, root) -> dict:
         "scenario": name,
         "rank": rank,
         "kinds": {s: line.get("kind") for s, line in sorted(lines.items())},
+        "copied": {s: line.get("copied_bytes") for s, line in sorted(lines.items())},
+        "buffer_bytes": sum(b.nbytes for part in t.parts for b in part.buffers()),
         "restorable": sorted(own),
         "held_restorable": sorted(held),
         "chain": [s.step for s in chain],
         "same_as_live": all(torch.equal(a, b) for a, b in zip(state(), live, strict=True)),
         "differs_after_the_next_step": differs,
+        "same_as_without_snapshots": all(
+            torch.equal(a, b.detach())
+            for a, (_, b) in zip(
+                live, state_tensors(reference.parts, reference.optimizers), strict=True
+            )
+        ),
     }
 
 

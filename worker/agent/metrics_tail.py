@@ -47,6 +47,8 @@ class SnapshotTaken(Record):
     step: int
     ok: bool = True  # False: this rank's own copy failed (error says why)
     kind: str | None = None  # whole | grads (a logged step; worker/snapshots.py)
+    copied_bytes: int | None = None  # what the copy moved (a logged step's gradients reduced
+    # into its slot are not copied: worker/trainer/snapshot_grads.py)
     held: dict[str, int] | None = None
     # ward -> how its copy came: "link" (its file on this host, under a second name),
     # "memory" (copied from that file, where no link could be made) or "network"

@@ -250,7 +250,11 @@ def run(args: argparse.Namespace) -> int:
             else None
         )
         checks = ReplicaCheck.applies(spec)
-        snaps = Snapshotter(plan, rank, device, metrics.write, pin_checked=checks) if plan else None
+        snaps = (
+            Snapshotter(plan, rank, device, metrics.write, trainer.parts, pin_checked=checks)
+            if plan
+            else None
+        )
         guard = CorruptionGuard(ReplicaCheck(spec, ctx), trainer, snaps) if checks else None
         flips = (
             BitFlips(

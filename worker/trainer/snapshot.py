@@ -46,14 +46,24 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
-from worker.snapshots import SnapshotPlan, discard_after, is_whole, slot_paths, write_manifest
+from worker.snapshots import (
+    HEADER_BYTES,
+    SnapshotPlan,
+    discard_after,
+    is_whole,
+    slot_paths,
+    write_manifest,
+)
+from worker.trainer.snapshot_grads import GradSlot, GradSlots, reduce_into
 from worker.trainer.snapshot_state import (
     Captured,
     capture,
     capture_step,
     copy_into,
+    copyable_bytes,
     destinations,
     grad_refs,
+    in_slot,
     layout,
     write_stamp,
 )
@@ -93,6 +103,7 @@ class Copied:
     raw: bytes | None = None  # the manifest's JSON
     image: torch.Tensor | None = None  # the slot's mapped file
     error: str = ""
+    copied: int = 0  # bytes the copy moved; the rest of the slot was reduced into it
 
 
 class Ring:
@@ -178,11 +189,11 @@ class Ring:
 
 class Rings:
     """One rank's slots in one directory: a ring of whole snapshots and, with
-    `plan.full_every` above 1, a ring of logged steps (worker/snapshots.py)."""
+    `plan.full_every` above 1, a ring of logged steps (worker/snapshots.py) of `grads_slots`."""
 
-    def __init__(self, d: Path, plan: SnapshotPlan, pin: bool):
+    def __init__(self, d: Path, plan: SnapshotPlan, pin: bool, grads_slots: int):
         self.whole = Ring(d, plan.keep, pin)
-        self.grads = Ring(d, plan.grads_slots(), prefix="grads") if plan.full_every > 1 else None
+        self.grads = Ring(d, grads_slots, prefix="grads") if plan.full_every > 1 else None
 
     def of(self, manifest: dict) -> Ring:
         """The ring a slot with `manifest` goes into."""
@@ -209,26 +220,36 @@ class Snapshotter:
         rank: int,
         device: torch.device,
         report: Callable[[dict], None],
+        parts: list[nn.Module],
         pin_checked: bool = False,
     ):
-        """`pin_checked`: keep the newest snapshot taken after a passed corruption check."""
+        """`parts`: the model parts whose state `take` will be handed (with logged steps,
+        their FSDP groups reduce gradients into the logged-step slots); `pin_checked`: keep
+        the newest snapshot taken after a passed corruption check."""
         self.plan, self.rank, self.device, self.report = plan, rank, device, report
         self.holder = plan.holders.get(rank)
         self.wards = plan.wards(rank)
         # Created on every rank, in the same order as every other group (a collective call).
         self.group = dist.new_group(backend="gloo")
-        self.own = Rings(plan.own_dir(rank), plan, pin_checked)
-        self.held = {w: Rings(plan.held_dir(w), plan, pin_checked) for w in self.wards}
+        self.own = Rings(plan.own_dir(rank), plan, pin_checked, plan.own_grads_slots())
+        self.held = {
+            w: Rings(plan.held_dir(w), plan, pin_checked, plan.grads_slots()) for w in self.wards
+        }
         self.thread = ThreadPoolExecutor(
             1, thread_name_prefix="snapshot", initializer=_yield_to_training
         )
         self.copying: Future | None = None
         self.exchanges: list[Future] = []
         self.peer_maps: dict[Path, torch.Tensor] = {}
-        self._layouts: dict[bool, tuple[tuple, list, int]] = {}  # whole or not -> layout
+        self._layouts: dict[bool, tuple[tuple, list, int]] = {}  # whole or not -> `_layout`
         self.tail: Tail | None = None  # set by the copy thread, read once its copy is awaited
-        self.grads: tuple[int, list] | None = None  # (step, `grad_refs`) for a logged step
+        # (step, `grad_refs`, the step's logged-step slot or why it has none)
+        self.grads: tuple[int, list, GradSlot | str] | None = None
         self.logs = plan.full_every > 1 and plan.every == 1
+        self.slots: GradSlots | None = None
+        if self.logs:
+            self.slots = GradSlots(self.own.grads, copyable_bytes(parts))
+            reduce_into(parts, self.slots)
         self.broken = ""  # why an exchange failed: its holder or a ward is gone
         self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
 
@@ -241,8 +262,8 @@ class Snapshotter:
         logged step. Kept only until that snapshot's copy: on a GPU they cost device memory
         of their size during the next step's forward."""
         self.wait_held()
-        if self.logs:
-            self.grads = (step, grad_refs(optimizers))
+        if self.slots is not None:
+            self.grads = (step, grad_refs(optimizers), self.slots.seal())
 
     def take(
         self,
@@ -275,7 +296,8 @@ class Snapshotter:
             ready = torch.cuda.Event()
             ready.record()
         prev = tail if logged else None
-        self.copying = self.thread.submit(self._copy, step, captured, ready, checked, prev)
+        slot = grads[2] if logged else None
+        self.copying = self.thread.submit(self._copy, step, captured, ready, checked, prev, slot)
         self.exchanges.append(self.thread.submit(self._exchange, self.copying))
 
     def wait_copied(self) -> None:
@@ -313,31 +335,46 @@ class Snapshotter:
 
     # -- the background thread --------------------------------------------------------------
     def _copy(
-        self, step: int, captured: Captured, ready, checked: bool, prev: Tail | None
+        self,
+        step: int,
+        captured: Captured,
+        ready,
+        checked: bool,
+        prev: Tail | None,
+        slot: GradSlot | str | None,
     ) -> Copied:
-        """Write the next slot: a logged step on `prev`, or (None) the whole state."""
+        """Write a slot: a logged step on `prev` into the step's `slot` (claimed by
+        `GradSlots`; a string: why there is none), or (None) the whole state into the next
+        slot of the whole ring."""
         self.tail = None  # until this slot is committed, nothing may log on it
         if self.broken:
             # A buddy is gone, so the job is about to recover, from the newest step whose
             # copies all arrived: writing this one would turn the ring past that step's slot.
             return Copied(step, None, None, error=f"not taken: an exchange failed ({self.broken})")
+        if isinstance(slot, str):
+            return Copied(step, None, None, error=f"no slot for the logged step: {slot}")
         try:
             whole = prev is None
-            key = tuple((k, t.dtype, tuple(t.shape)) for k, t in captured.tensors)
-            known = self._layouts.get(whole)
-            if known is None or known[0] != key:
-                known = self._layouts[whole] = (key, *layout(captured.tensors))
-            _, lay, nbytes = known
-            ring = self.own.whole if whole else self.own.grads
-            i, bin_path, man_path, image = ring.claim(nbytes)
-            dst = ring.destinations(bin_path, lay)
+            if whole:
+                ring, rest = self.own.whole, captured.tensors
+                lay, nbytes = self._layout(whole, rest, HEADER_BYTES)
+                i, bin_path, man_path, image = ring.claim(nbytes)
+                dst = ring.destinations(bin_path, lay)
+            else:
+                ring, i, bin_path = self.own.grads, slot.index, slot.bin
+                man_path, image = slot.manifest_path, slot.image
+                there, rest = in_slot(captured.tensors, image, slot.used)
+                rest_lay, nbytes = self._layout(whole, rest, slot.used)
+                if nbytes > image.numel():
+                    raise RuntimeError(f"a logged step of {nbytes} bytes outgrew its slot")
+                lay, dst = there + rest_lay, ring.destinations(bin_path, rest_lay)
             if self.side is not None:
                 with torch.cuda.stream(self.side):
                     self.side.wait_event(ready)
-                    copy_into(dst, captured.tensors)
+                    copy_into(dst, rest)
                 self.side.synchronize()
             else:
-                copy_into(dst, captured.tensors)
+                copy_into(dst, rest)
             manifest = {
                 "id": secrets.token_hex(8),  # tells this slot from any other (snapshot_wire)
                 "step": step,
@@ -354,9 +391,20 @@ class Snapshotter:
             write_stamp(image, manifest)  # the bytes are the manifest's from here on
             raw = ring.commit(i, man_path, manifest)
             self.tail = Tail(step, manifest["id"], step if whole else prev.base)
-            return Copied(step, bin_path, manifest, raw, image)
+            copied = sum(t.nbytes for _, t in rest)
+            return Copied(step, bin_path, manifest, raw, image, copied=copied)
         except (OSError, RuntimeError) as e:
             return Copied(step, None, None, error=f"{type(e).__name__}: {e}")
+
+    def _layout(self, whole: bool, tensors: list, start: int) -> tuple[list, int]:
+        """`layout` of the tensors a whole snapshot or a logged step copies, made again only
+        when their shapes or start change: its Python costs about as much as copying a small
+        model's bytes."""
+        key = (start, tuple((k, t.dtype, tuple(t.shape)) for k, t in tensors))
+        known = self._layouts.get(whole)
+        if known is None or known[0] != key:
+            known = self._layouts[whole] = (key, *layout(tensors, start))
+        return known[1], known[2]
 
     def _exchange(self, copying: Future) -> dict:
         """Offer this rank's slot to its holder; take each ward's into held/ (the phases of
@@ -407,6 +455,7 @@ class Snapshotter:
         line = {"event": "snapshot", "step": copied.step, "ok": copied.bin is not None}
         if copied.manifest is not None:
             line["kind"] = copied.manifest["kind"]
+            line["copied_bytes"] = copied.copied
         if self.wards:
             line["held"], line["held_via"] = held, via
         if errors:

@@ -131,15 +131,49 @@ def capture_step(
     )
 
 
-def layout(tensors: list[tuple[str, torch.Tensor]]) -> tuple[list[list], int]:
+def aligned(nbytes: int) -> int:
+    """`nbytes` rounded up to whole cache lines."""
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def _entry(key: str, t: torch.Tensor, off: int) -> list:
+    return [key, str(t.dtype).removeprefix("torch."), list(t.shape), off, t.nbytes]
+
+
+def layout(
+    tensors: list[tuple[str, torch.Tensor]], start: int = HEADER_BYTES
+) -> tuple[list[list], int]:
     """[[key, dtype, shape, offset, nbytes], ...] and the image's total size; the tensors
-    start after the header that holds the image's stamp (worker/snapshots.py)."""
-    out, off = [], HEADER_BYTES
+    start at `start`: after the header that holds the image's stamp (worker/snapshots.py), or
+    after what is in the image already (`in_slot`)."""
+    out, off = [], start
     for key, t in tensors:
-        nbytes = t.numel() * t.element_size()
-        out.append([key, str(t.dtype).removeprefix("torch."), list(t.shape), off, nbytes])
-        off += -(-nbytes // ALIGN) * ALIGN
+        out.append(_entry(key, t, off))
+        off += aligned(t.nbytes)
     return out, off
+
+
+def copyable_bytes(parts: list[nn.Module]) -> int:
+    """Room for everything a logged step may copy: every gradient (shaped like its parameter's
+    local piece) and every buffer, each aligned."""
+    tensors = [_local(t) for part in parts for t in (*part.parameters(), *part.buffers())]
+    return sum(aligned(t.nbytes) for t in tensors)
+
+
+def in_slot(
+    tensors: list[tuple[str, torch.Tensor]], image: torch.Tensor, end: int
+) -> tuple[list[list], list[tuple[str, torch.Tensor]]]:
+    """The layout entries of the tensors that already lie in `image` between its header and
+    `end` (gradients reduced into it, worker/trainer/snapshot_grads.py), and the others,
+    which the snapshot copies."""
+    base, there, rest = image.data_ptr(), [], []
+    for key, t in tensors:
+        off = t.data_ptr() - base
+        if t.device == image.device and t.is_contiguous() and HEADER_BYTES <= off <= end - t.nbytes:
+            there.append(_entry(key, t, off))
+        else:
+            rest.append((key, t))
+    return there, rest
 
 
 def destinations(image: torch.Tensor, lay: list) -> list[torch.Tensor]:
