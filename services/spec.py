@@ -288,9 +288,11 @@ class SnapshotSpec(Strict):
         description="With every_steps 1, write the whole state only every this many "
         "snapshots; the ones between log what the optimizer step consumed (the clipped "
         "gradients) and the buffers, about a third of an Adam state's bytes, and a restore "
-        "replays them through the optimizer, which gives the same bits. It costs the ring "
-        "full_every + keep - 3 slots of that size beside the keep whole ones. 1: every "
-        "snapshot whole.",
+        "replays them through the optimizer, which gives the same bits. Under FSDP (zero 2 "
+        "or 3, on CPU) the gradients are reduced straight into the slot, so only the buffers "
+        "are copied. It costs a rank full_every + keep - 1 slots of that size for its own "
+        "logged steps and full_every + keep - 3 for a ward's, beside the keep whole ones. 1: "
+        "every snapshot whole.",
     )
     buddy: bool = Field(
         default=True,

@@ -8,7 +8,9 @@ and hands them to one background thread, which
    `plan.full_every` above 1 (and a snapshot every step) most snapshots are *logged steps*
    (worker/snapshots.py): the gradients step N's optimizer step consumed, kept by
    `before_update` just before it, and the buffers, a third of the bytes of the whole state,
-   written to a ring of their own. The whole state is written every `full_every` snapshots,
+   written to a ring of their own, in the slot `before_update` sealed for step N. Under FSDP
+   the gradients were reduced into that slot already (worker/trainer/snapshot_grads.py), and
+   only what lies elsewhere is copied. The whole state is written every `full_every` snapshots,
    and whenever the chain before N has a gap (the first snapshot, a failed copy, a checked
    snapshot: a rollback loads that one alone);
 2. offers the slot to the rank's holder over a gloo group of its own, and takes its wards'
@@ -258,9 +260,10 @@ class Snapshotter:
 
     def before_update(self, step: int, optimizers: list[Optimizer]) -> None:
         """Just before the optimizer step that completes `step`: wait for the newest
-        snapshot's exchange (`wait_held`), and keep the gradients that step consumes, for a
-        logged step. Kept only until that snapshot's copy: on a GPU they cost device memory
-        of their size during the next step's forward."""
+        snapshot's exchange (`wait_held`), and keep the gradients that step consumes, and the
+        logged-step slot they may have been reduced into (sealed: the next step's go into the
+        next), for a logged step. Kept only until that snapshot's copy: on a GPU they cost
+        device memory of their size during the next step's forward."""
         self.wait_held()
         if self.slots is not None:
             self.grads = (step, grad_refs(optimizers), self.slots.seal())
