@@ -15,7 +15,12 @@ import pytest
 
 from tests.launch import run_ranks, scenario_lines
 
-SCENARIOS = ("dp2-zero3", "tp2")
+SCENARIOS = ("dp2-zero3", "dp2-zero3-mb2", "tp2")
+PARALLEL = {  # mb2: two microbatches, whose gradients FSDP adds into the first one's
+    "dp2-zero3": {"dp": 2, "zero": 3},
+    "dp2-zero3-mb2": {"dp": 2, "zero": 3, "microbatches": 2},
+    "tp2": {"tp": 2},
+}
 STEPS = 10
 CHECKED = 6  # a snapshot taken right after a passed corruption check
 BLOCKED = 2  # this step's copy fails: its slot's file cannot be mapped
@@ -69,16 +74,21 @@ def test_a_chain_restores_the_state_bit_for_bit(results, scenario):
         assert r["differs_after_the_next_step"], r  # the comparison can fail
 
 
-def test_fsdp_reduces_a_logged_steps_gradients_into_its_slot(results):
+@pytest.mark.parametrize("scenario", ["dp2-zero3", "dp2-zero3-mb2"])
+def test_fsdp_reduces_a_logged_steps_gradients_into_its_slot(results, scenario):
     """From the second step on (the first teaches each reduce-scatter its output's size), a
-    logged step under FSDP copies only its buffers: its gradients were reduced into its slot.
-    Under TP alone nothing reduces into slots, and every logged step copies all of them."""
-    fsdp = [{int(s): c for s, c in r["copied"].items()} for r in results["dp2-zero3"]]
-    tp = [{int(s): c for s, c in r["copied"].items()} for r in results["tp2"]]
-    for copied, r in zip(fsdp, results["dp2-zero3"], strict=True):
+    logged step under FSDP copies only its buffers: its gradients were reduced into its slot
+    (with microbatches, the first one's, which FSDP adds the others into)."""
+    for r in results[scenario]:
+        copied = {int(s): c for s, c in r["copied"].items()}
         assert copied[1] > 100 * r["buffer_bytes"], copied  # step 1: every gradient copied
         assert [copied[s] for s in (4, 5, 7, 8, 9)] == [r["buffer_bytes"]] * 5, copied
-    for copied in tp:
+
+
+def test_without_fsdp_a_logged_step_copies_its_gradients(results):
+    """Under TP alone nothing reduces into slots: every logged step copies all it holds."""
+    for r in results["tp2"]:
+        copied = {int(s): c for s, c in r["copied"].items()}
         assert [copied[s] for s in (4, 5, 7, 8, 9)] == [copied[1]] * 5, copied
 
 
@@ -182,8 +192,8 @@ def _main() -> None:
     rank, _, device = init_distributed(timeout_s=60)
     root = Path(sys.argv[1])
     try:
-        for name, parallel in (("dp2-zero3", {"dp": 2, "zero": 3}), ("tp2", {"tp": 2})):
-            print(json.dumps(_scenario(name, parallel, rank, device, root)), flush=True)
+        for name in SCENARIOS:
+            print(json.dumps(_scenario(name, PARALLEL[name], rank, device, root)), flush=True)
     finally:
         shutdown_distributed()
 
