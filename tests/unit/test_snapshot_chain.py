@@ -60,7 +60,9 @@ def test_whole_snapshots_come_first_every_fourth_when_checked_and_after_a_failed
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_the_rings_keep_every_chain_since_the_newest_whole_snapshots(results, scenario):
-    """keep 2 whole slots (6, 10) and full_every + keep - 3 = 3 logged ones (7, 8, 9)."""
+    """keep 2 whole slots (6, 10) and the logged steps after the older (7, 8, 9): a held
+    ring has full_every + keep - 3 = 3 logged slots, a rank's own two more (5), claimed a
+    step earlier and by every step, so the chains survive there too."""
     for r in results[scenario]:
         assert r["restorable"] == [6, 7, 8, 9, 10], r
         assert r["held_restorable"] == [6, 7, 8, 9, 10], r
