@@ -92,9 +92,21 @@ def _yield_to_training() -> None:
 
 
 def map_file(path: Path, nbytes: int) -> torch.Tensor:
-    """A uint8 tensor backed by `path` (created and sized as needed), shared with the file."""
+    """A uint8 tensor backed by `path` (created and sized as needed), shared with the file.
+    Sized, not filled: the file is sparse until `reserve`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     return torch.from_file(str(path), shared=True, size=max(nbytes, 1), dtype=torch.uint8)
+
+
+def reserve(path: Path, start: int, end: int) -> None:
+    """Give bytes [start, end) of `path` their memory now. A write to a sparse page of a
+    mapped file that /dev/shm has no room for is a SIGBUS, which kills the trainer; this is
+    an OSError (ENOSPC) instead, which fails one snapshot and training goes on."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, start, end - start)
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -118,6 +130,7 @@ class Ring:
         self.d, self.size, self.next, self.prefix = d, keep + int(pin), 0, prefix
         self.maps: dict[Path, torch.Tensor] = {}
         self.views: dict[Path, tuple[list, torch.Tensor, list[torch.Tensor]]] = {}
+        self.reserved: dict[Path, int] = {}  # bytes from each file's start given memory
         self.pin, self.pinned = pin, None  # pinned: (slot index, manifest)
         self.linked: set[int] = set()  # slots whose file is a ward's own, linked here
 
@@ -134,10 +147,14 @@ class Ring:
     def _forget(self, bin_path: Path) -> None:
         self.maps.pop(bin_path, None)
         self.views.pop(bin_path, None)
+        self.reserved.pop(bin_path, None)
 
-    def claim(self, nbytes: int) -> tuple[int, Path, Path, torch.Tensor]:
-        """The next slot to write, its stamp zeroed before any byte changes. A slot that held
-        a link to a ward's file gets a file of its own first: a ring writes only its own."""
+    def claim(self, nbytes: int, used: int | None = None) -> tuple[int, Path, Path, torch.Tensor]:
+        """The next slot to write, of `nbytes`, its stamp zeroed before any byte changes, and
+        its first `used` bytes (all of them for None) given memory (`reserve`; raises OSError
+        where /dev/shm has no room): where a writer knows only later how far it writes, it
+        reserves the rest as it goes (`reserve`). A slot that held a link to a ward's file
+        gets a file of its own first: a ring writes only its own."""
         i, bin_path, man_path = self._turn()
         if i in self.linked:
             self.linked.discard(i)
@@ -146,8 +163,16 @@ class Ring:
         image = self.maps.get(bin_path)
         if image is None or image.numel() < nbytes:
             image = self.maps[bin_path] = map_file(bin_path, nbytes)
+        self.reserve(bin_path, nbytes if used is None else used)
         write_stamp(image, None)
         return i, bin_path, man_path, image
+
+    def reserve(self, bin_path: Path, end: int) -> None:
+        """Give the slot file's first `end` bytes memory, where they have none yet."""
+        done = self.reserved.get(bin_path, 0)
+        if end > done:
+            reserve(bin_path, done, end)
+            self.reserved[bin_path] = end
 
     def link(self, src: Path, manifest: dict, raw: bytes) -> None:
         """Commit a ward's complete slot file `src`, on this host, as the next slot: a second
@@ -370,6 +395,7 @@ class Snapshotter:
                 rest_lay, nbytes = self._layout(whole, rest, slot.used)
                 if nbytes > image.numel():
                     raise RuntimeError(f"a logged step of {nbytes} bytes outgrew its slot")
+                ring.reserve(bin_path, nbytes)
                 lay, dst = there + rest_lay, ring.destinations(bin_path, rest_lay)
             if self.side is not None:
                 with torch.cuda.stream(self.side):

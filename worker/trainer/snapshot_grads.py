@@ -74,7 +74,9 @@ class GradSlots:
         if self.current is None and not self.error:
             try:
                 size = HEADER_BYTES + self.placed_bytes + self.rest_bytes
-                self.current = GradSlot(*self.ring.claim(size))
+                # memory for the header only: the outputs placed and the rest the snapshot
+                # copies take theirs as they come (most of `rest_bytes` is never written)
+                self.current = GradSlot(*self.ring.claim(size, used=HEADER_BYTES))
             except (OSError, RuntimeError) as e:  # say /dev/shm is full: reported at take
                 self.error = f"{type(e).__name__}: {e}"
         return self.current
@@ -86,6 +88,10 @@ class GradSlots:
         the storage."""
         slot = self._claim()
         if slot is None or slot.used + nbytes > HEADER_BYTES + self.placed_bytes:
+            return None
+        try:
+            self.ring.reserve(slot.bin, slot.used + nbytes)
+        except OSError:  # /dev/shm is full: torch's memory, and the copy will say so
             return None
         raw = torch.frombuffer(
             slot.image.numpy(), dtype=torch.uint8, count=nbytes, offset=slot.used
