@@ -93,12 +93,12 @@ def _yield_to_training() -> None:
 
 def map_file(path: Path, nbytes: int) -> torch.Tensor:
     """A uint8 tensor backed by `path` (created and sized as needed), shared with the file.
-    Sized, not filled: the file is sparse until `reserve`."""
+    Sized, not filled: the file is sparse until `allocate`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     return torch.from_file(str(path), shared=True, size=max(nbytes, 1), dtype=torch.uint8)
 
 
-def reserve(path: Path, start: int, end: int) -> None:
+def allocate(path: Path, start: int, end: int) -> None:
     """Give bytes [start, end) of `path` their memory now. A write to a sparse page of a
     mapped file that /dev/shm has no room for is a SIGBUS, which kills the trainer; this is
     an OSError (ENOSPC) instead, which fails one snapshot and training goes on."""
@@ -171,7 +171,7 @@ class Ring:
         """Give the slot file's first `end` bytes memory, where they have none yet."""
         done = self.reserved.get(bin_path, 0)
         if end > done:
-            reserve(bin_path, done, end)
+            allocate(bin_path, done, end)
             self.reserved[bin_path] = end
 
     def link(self, src: Path, manifest: dict, raw: bytes) -> None:
