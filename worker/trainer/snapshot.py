@@ -52,8 +52,11 @@ from worker.snapshots import (
     HEADER_BYTES,
     SnapshotPlan,
     discard_after,
+    encode_manifest,
+    holds,
     is_whole,
     slot_paths,
+    stamp,
     write_manifest,
 )
 from worker.trainer.snapshot_grads import GradSlot, GradSlots, reduce_into
@@ -70,11 +73,12 @@ from worker.trainer.snapshot_state import (
     write_stamp,
 )
 from worker.trainer.snapshot_wire import (
-    Offer,
     isend_answer,
+    isend_held,
     isend_image,
     isend_offer,
     recv_answer,
+    recv_held,
     recv_offer,
 )
 
@@ -259,9 +263,18 @@ class Snapshotter:
         # Created on every rank, in the same order as every other group (a collective call).
         self.group = dist.new_group(backend="gloo")
         self.own = Rings(plan.own_dir(rank), plan, pin_checked, plan.own_grads_slots())
+        # A ring of held/ has one writer: this rank for the wards on other hosts, and for its
+        # own copy where its holder shares its host memory (`_pair_up`).
+        holders_dir, self.wards_here = self._meet()
+        self.holder_here = holders_dir is not None
+        grads_slots = plan.grads_slots()
         self.held = {
-            w: Rings(plan.held_dir(w), plan, pin_checked, plan.grads_slots()) for w in self.wards
+            w: Rings(plan.held_dir(w), plan, pin_checked, grads_slots)
+            for w in self.wards
+            if w not in self.wards_here
         }
+        if holders_dir is not None:
+            self.held[rank] = Rings(holders_dir, plan, pin_checked, grads_slots)
         self.thread = ThreadPoolExecutor(
             1, thread_name_prefix="snapshot", initializer=_yield_to_training
         )
@@ -279,6 +292,35 @@ class Snapshotter:
             reduce_into(parts, self.slots)
         self.broken = ""  # why an exchange failed: its holder or a ward is gone
         self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def _meet(self) -> tuple[Path | None, set[int]]:
+        """Where this rank's holder keeps its copies, if the holder shares its host memory,
+        and which of its wards do: each rank offers its holder a file stamped with a random
+        id, which only a process in the same memory can read back, and such a holder answers
+        with its `held/` directory for that ward (a collective call, once). Such a pair sends
+        no offers, answers or images at its snapshots (`_pair_up`)."""
+        probe = {"id": secrets.token_hex(8), "nbytes": 8}
+        path = self.plan.own_dir(self.rank) / "host.probe"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(stamp(probe))
+        sends = []
+        if self.holder is not None:
+            sends = isend_offer(encode_manifest(probe), 0, path, self.holder, self.group)
+        here = set()
+        for w in self.wards:
+            offer = recv_offer(w, self.group)
+            if offer is not None and holds(offer.path, offer.manifest):
+                here.add(w)
+                d = self.plan.held_dir(w)
+                sends += isend_offer(encode_manifest({}), 0, d, w, self.group)
+            else:
+                sends += isend_offer(None, 0, None, w, self.group)
+        held_dir = None
+        if self.holder is not None and (answer := recv_offer(self.holder, self.group)):
+            held_dir = answer.path
+        for s in sends:
+            s.wait()
+        return held_dir, here
 
     def due(self, step: int) -> bool:
         return step % self.plan.every == 0
@@ -448,13 +490,26 @@ class Snapshotter:
     def _pair_up(self, copying: Future) -> dict:
         copied: Copied = copying.result()
         offered = self.holder is not None and copied.manifest is not None
+        held, via, errors = {}, {}, [copied.error] if copied.error else []
         sends = []
-        if self.holder is not None:
+        if self.holder_here:  # link it into the holder's ring here, and say which step
+            linked = None
+            if offered:
+                try:
+                    self._hold_local(self.rank, copied.bin, copied.manifest, copied.raw)
+                    linked = copied.step
+                except (OSError, RuntimeError) as e:
+                    errors.append(f"copy for rank {self.holder}: {type(e).__name__}: {e}")
+            sends = isend_held(linked, self.holder, self.group)
+        elif self.holder is not None:
             nbytes = copied.manifest["nbytes"] if offered else 0
             sends = isend_offer(copied.raw, nbytes, copied.bin, self.holder, self.group)
-        held, via, errors = {}, {}, [copied.error] if copied.error else []
         incoming = []  # (ward, offer, held slot): bytes that come over the network
         for w in self.wards:
+            if w in self.wards_here:  # linked by the ward itself
+                if (step := recv_held(w, self.group)) is not None:
+                    held[str(w)], via[str(w)] = step, "link"
+                continue
             offer = recv_offer(w, self.group)
             if offer is None:
                 continue
@@ -463,8 +518,9 @@ class Snapshotter:
                 m = offer.manifest
                 if m.get("generation") != self.plan.generation or m.get("rank") != w:
                     raise ValueError(f"rank {w} offered a snapshot of another world: {m}"[:300])
-                if offer.visible():  # on this host: no network
-                    held[str(w)], via[str(w)] = m["step"], self._hold_local(w, offer)
+                if offer.visible():  # on this host, where a file system hid it at `_meet`
+                    how = self._hold_local(w, offer.path, m, offer.raw)
+                    held[str(w)], via[str(w)] = m["step"], how
                 else:
                     need = True
                     ring = self.held[w].of(m)
@@ -473,7 +529,7 @@ class Snapshotter:
             except (OSError, RuntimeError, ValueError) as e:
                 errors.append(f"copy of rank {w}: {type(e).__name__}: {e}")
             sends += isend_answer(need, w, self.group)
-        if offered and recv_answer(self.holder, self.group):
+        if offered and not self.holder_here and recv_answer(self.holder, self.group):
             sends += isend_image(copied.image, copied.manifest["nbytes"], self.holder, self.group)
         for w, ring, offer, i, man_path, image in incoming:
             dist.recv(image[: offer.nbytes], w, group=self.group)
@@ -491,23 +547,25 @@ class Snapshotter:
             line["error"] = "; ".join(errors)[:500]
         return line
 
-    def _hold_local(self, ward: int, offer: Offer) -> str:
-        """Hold a ward's slot on this host: by a link to its file, or, where none can be made
-        (the holder's snapshot directory on another file system), by a memory copy."""
-        ring = self.held[ward].of(offer.manifest)
+    def _hold_local(self, ward: int, path: Path, manifest: dict, raw: bytes) -> str:
+        """Put `ward`'s slot file `path`, on this host, into its held ring: by a link to the
+        file, or, where none can be made (the held directory on another file system), by a
+        memory copy."""
+        ring = self.held[ward].of(manifest)
         try:
-            ring.link(offer.path, offer.manifest, offer.raw)
+            ring.link(path, manifest, raw)
             return "link"
         except OSError:
-            i, _, man_path, image = ring.claim(offer.nbytes)
-            image[: offer.nbytes].copy_(self._peer_image(offer))
-            ring.commit(i, man_path, offer.manifest, offer.raw)
+            nbytes = manifest["nbytes"]
+            i, _, man_path, image = ring.claim(nbytes)
+            image[:nbytes].copy_(self._peer_image(path, nbytes))
+            ring.commit(i, man_path, manifest, raw)
             return "memory"
 
-    def _peer_image(self, offer: Offer) -> torch.Tensor:
-        """A ward's slot file on this host, mapped once and reused: its ring rewrites the same
-        files, and mapping anew would fault every page in again at every snapshot."""
-        image = self.peer_maps.get(offer.path)
-        if image is None or image.numel() < offer.nbytes:
-            image = self.peer_maps[offer.path] = map_file(offer.path, offer.nbytes)
-        return image[: offer.nbytes]
+    def _peer_image(self, path: Path, nbytes: int) -> torch.Tensor:
+        """A slot file on this host, mapped once and reused: its ring rewrites the same files,
+        and mapping anew would fault every page in again at every snapshot."""
+        image = self.peer_maps.get(path)
+        if image is None or image.numel() < nbytes:
+            image = self.peer_maps[path] = map_file(path, nbytes)
+        return image[:nbytes]
