@@ -15,10 +15,10 @@ and hands them to one background thread, which
    snapshot: a rollback loads that one alone);
 2. offers the slot to the rank's holder over a gloo group of its own, and takes its wards'
    slots into its `held/` ring (every rank does both at every snapshot, so the messages always
-   pair up; worker/trainer/snapshot_wire.py). A ward whose file this rank can read, in the
-   same host memory, is held by a hard link to that file: no bytes move, and the copy still
-   outlives the ward's directory. Only a ward on another host sends its bytes over the
-   network.
+   pair up; worker/trainer/snapshot_wire.py). A ward in the same host memory is held by a
+   hard link to its file, which the ward makes itself (`_meet` finds such pairs once): no
+   bytes move, only the step linked, and the copy still outlives the ward's directory. Only
+   a ward on another host sends its bytes over the network.
 The training thread waits for both steps, and only just before the next optimizer step would
 change the tensors being copied (`wait_held`, called as the step's `before_update`): a rank
 never updates past a step whose copy its holder lacks.
@@ -320,6 +320,13 @@ class Snapshotter:
             held_dir = answer.path
         for s in sends:
             s.wait()
+        mine = self.plan.held_dir(self.rank)
+        if held_dir is not None and held_dir.parts[-3:] != mine.parts[-3:]:
+            # what a ring writes there is this rank's own state, but only under such a name
+            raise ValueError(
+                f"rank {self.holder} named {held_dir} for rank {self.rank}'s copies: a held "
+                f"directory ends in {'/'.join(mine.parts[-3:])}"
+            )
         return held_dir, here
 
     def due(self, step: int) -> bool:
@@ -518,7 +525,7 @@ class Snapshotter:
                 m = offer.manifest
                 if m.get("generation") != self.plan.generation or m.get("rank") != w:
                     raise ValueError(f"rank {w} offered a snapshot of another world: {m}"[:300])
-                if offer.visible():  # on this host, where a file system hid it at `_meet`
+                if offer.visible():  # on this host after all (`_meet` found otherwise)
                     how = self._hold_local(w, offer.path, m, offer.raw)
                     held[str(w)], via[str(w)] = m["step"], how
                 else:
