@@ -37,7 +37,9 @@ Summary lines (stable): `snapshots / none (<model>): X.XXx (median step time)`,
 `snapshot step / next step, same run (<model>): X.XXXx (median of N pairs, 90% A-B; control
 C.CCCx)`, `snapshots every step, full_every K / none, same run (<model>): X.XXXx (whole W.WWWx,
 logged L.LLLx; N pairs, 90% A-B; control C.CCCx)`, the same for `full_every 1` (whole only),
-and with
+`snapshots every step, full_every K / none, whole blocks (<model>): X.XXXx (N block pairs, 90%
+A-B; control C.CCCx)` (every step of each block against every step of the other block of its
+pair, `block_means`) for both, and with
 `--apart` `snapshots, buddy on another host / none (<model>): X.XXx (median step time)`.
 """
 
@@ -51,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -121,11 +124,13 @@ def pair_ratios(ranks: list[dict[int, float]]) -> list[float]:
     ]
 
 
-def interval(ratios: list[float], draws: int = 2000) -> tuple[float, float]:
-    """A 90% bootstrap interval for the median of `ratios` (seeded: runs compare)."""
+def interval(
+    ratios: list[float], of: Callable[[list[float]], float] = statistics.median, draws: int = 2000
+) -> tuple[float, float]:
+    """A 90% bootstrap interval for `of` (the median) of `ratios` (seeded: runs compare)."""
     rng = random.Random(0)
-    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(draws))
-    return meds[draws // 20], meds[-draws // 20]
+    got = sorted(of(rng.choices(ratios, k=len(ratios))) for _ in range(draws))
+    return got[draws // 20], got[-draws // 20]
 
 
 def rank_side(spec_path: str, plan_path: str, out: str, blocks: Blocks, on: bool) -> None:
@@ -240,6 +245,26 @@ def block_pairs(result: list[dict], blocks: Blocks) -> dict[str, list[float]]:
     return out
 
 
+def block_means(result: list[dict], blocks: Blocks) -> list[float]:
+    """For each pair of blocks after warm-up, the mean of the steps that follow the
+    snapshots of its block with them over the mean of the steps that follow its block
+    without (the ranks' times averaged per step: they run in lockstep, and a pair counts
+    once). Every step counts, not only those with blocks without snapshots on both sides,
+    and whole snapshots and logged steps in the proportions of a run that never stops
+    taking them (a block of 8 with `full_every` 4 takes one whole in 4): about four times
+    the steps of `block_pairs` per run."""
+    took = [durations(r["ends"]) for r in result]
+    last = min(max(r["ends"]) for r in result)
+    span = 2 * blocks.size
+    pairs: dict[int, dict[bool, list[float]]] = {}
+    for p in range(WARMUP + 1, last):
+        pair = p // span
+        if pair * span > WARMUP and (pair + 1) * span <= last:
+            t = statistics.fmean(d[p + 1] for d in took)
+            pairs.setdefault(pair, {True: [], False: []})[blocks.snapshot_after(p)].append(t)
+    return [statistics.fmean(x[True]) / statistics.fmean(x[False]) for x in pairs.values()]
+
+
 def durations(ends: dict[int, float]) -> dict[int, float]:
     """Each step's time, from one step's end to the next (what a snapshot's capture adds to
     the training thread counts too)."""
@@ -340,7 +365,9 @@ def blocks(a: argparse.Namespace, model: dict, name: str) -> None:
             f"both sides in {a.rounds} rounds: raise --block-steps (default 160) or --rounds"
         )
     got: dict[int, dict[str, list[float]]] = {k: {}, 1: {}}
+    means: dict[int, list[float]] = {k: [], 1: []}  # `block_means`
     off: list[float] = []
+    off_means: list[float] = []
     took: dict[str, list[float]] = {}  # each run's step times, for the host's pace
     for i, b in enumerate(rounds):  # the round's coins, the same for its three runs
         for every in got:
@@ -348,9 +375,11 @@ def blocks(a: argparse.Namespace, model: dict, name: str) -> None:
             took.setdefault(f"full_every {every}", []).extend(step_times(result))
             for kind, r in block_pairs(result, b).items():
                 got[every].setdefault(kind, []).extend(r)
+            means[every] += block_means(result, b)
         result = blocks_run(spec, k, False, b)
         took.setdefault("none", []).extend(step_times(result))
         off += block_pairs(result, b).get("none", [])
+        off_means += block_means(result, b)
         if not off or not all(got.values()):
             continue  # no block of this round had both neighbours without snapshots
         print(
@@ -370,6 +399,13 @@ def blocks(a: argparse.Namespace, model: dict, name: str) -> None:
             f"snapshots every step, full_every {every} / none, same run ({name}): "
             f"{weighted(pairs, every):.3f}x ({kinds}; {sum(map(len, pairs.values()))} pairs, "
             f"90% {lo:.3f}-{hi:.3f}; control {statistics.median(off):.3f}x)"
+        )
+    for every, ratios in means.items():
+        lo, hi = interval(ratios, statistics.fmean)
+        print(
+            f"snapshots every step, full_every {every} / none, whole blocks ({name}): "
+            f"{statistics.fmean(ratios):.3f}x ({len(ratios)} block pairs, 90% {lo:.3f}-{hi:.3f}; "
+            f"control {statistics.fmean(off_means):.3f}x)"
         )
 
 
