@@ -17,8 +17,9 @@ a ring of ranks that are each other's buddies never deadlocks.
 
 Two ranks that find, once, that they share host memory (worker/trainer/snapshot.py `_meet`)
 skip all three: the ward links its slot into the holder's `held/` ring itself and sends only
-the step it linked (`isend_held`). Every message through gloo costs both processes several
-wakeups of its threads, and on one host they were a third of what a logged step cost.
+the step it linked (`isend_held`). Every message through gloo costs both processes many
+wakeups of their threads, and on one host those were the largest single part of what a
+snapshot cost (docs/fault-tolerance.md, "Cost").
 """
 
 from __future__ import annotations
