@@ -44,17 +44,12 @@ def test_a_holder_that_names_a_directory_of_another_shape_is_refused(results):
 # -- the rank side -----------------------------------------------------------------------
 def _trainer(rank: int, device):
     from services.spec import parse_spec
+    from tests.stack import tiny_spec
     from worker.trainer.parallel import ParallelDims, RankContext
     from worker.trainer.step import Trainer
 
     spec = parse_spec(
-        {
-            "name": "meet",
-            "model": {"preset": "tiny"},
-            "data": {"source": "synthetic", "seed": 7},
-            "parallel": {"dp": 2, "zero": 3},
-            "train": {"steps": STEPS, "global_batch": 4, "lr": 3e-3, "warmup_steps": 2},
-        }
+        tiny_spec("meet", parallel={"zero": 3}, train={"steps": STEPS, "global_batch": 4})
     )
     dims = ParallelDims(spec.parallel, device.type)
     return Trainer(spec, RankContext(dims, dims.build_mesh(), rank, device))
