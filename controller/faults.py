@@ -18,6 +18,7 @@ has trained its first step (`complete`):
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
 from controller import aborts, health, quarantine, replan
@@ -87,8 +88,11 @@ def recover(ctx: Pass, view: JobView, faults: list[FaultRecord]) -> Decision:
             f"restarts already, max_restarts is {ft.max_restarts}"
         )
         return Finish("Failed", "ReachedMaxRestarts", msg, restart=True, blame=blame)
-    bad = {f.worker for f in faults if f.cause not in health.BLAMELESS}
-    layout, action = plan(ctx, job, asg, bad)
+    bad = {f.worker for f in faults if f.cause not in health.BLAMELESS + ("TrainerKilled",)}
+    movable = movable_on_kill(asg, faults)
+    layout, action = plan(ctx, job, asg, bad | movable)
+    if movable and action != "replace":  # no spare for the killed ranks: restart them in place
+        layout, action = plan(ctx, job, asg, bad)
     if layout is None:
         return wait_for_capacity(job, record, blame)
     # A worker whose trainer was killed but whose agent lives stays as a spare.
@@ -106,6 +110,17 @@ def recover(ctx: Pass, view: JobView, faults: list[FaultRecord]) -> Decision:
     record.replaced = [{"old": o, "new": n} for o, n in layout.moved.items()]
     record.to_shape = [layout.shape.dp, layout.shape.pp, layout.shape.tp]
     return Recover(layout, record, REASONS[action], _message(first, action, layout), blame)
+
+
+def movable_on_kill(asg: Assignment, faults: list[FaultRecord]) -> set[str]:
+    """The workers whose killed trainer moves to a spare: a kill blames no worker (its agent
+    lives and reported the exit), so a worker holding one rank of the job moves only when a
+    spare takes it (and stays with the job as a spare: the kill may come from its host, a
+    person or an OOM killer outside the trainer's cgroup). A worker holding several ranks
+    restarts them in place: moving it would throw away its healthy ranks' memory and need a
+    whole free worker of its size (docs/architecture.md, "Failure handling")."""
+    held = Counter(r.wid for r in asg.ranks)
+    return {f.worker for f in faults if f.cause == "TrainerKilled" and held[f.worker] == 1}
 
 
 REASONS = {
@@ -396,4 +411,6 @@ def _message(first: FaultRecord, action: str, layout: Layout) -> str:
             f"tp={s.tp} (microbatches {layout.microbatches}) on the healthy workers, global "
             "batch kept"
         )
+    if first.cause == "TrainerKilled":
+        return f"{what}; its agent lives: restarting the same mesh in place"
     return f"{what}; restarting the same mesh"

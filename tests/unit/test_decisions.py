@@ -9,6 +9,8 @@ from controller.decisions import Complete, WaitForCapacity
 from controller.jobs import Job
 from controller.quarantine import Blame, quarantines
 from services.api import RankStatus
+from services.assignment import Assignment, RankEntry
+from services.mesh import MeshShape
 from services.records import FaultRecord, Quarantine, RecoveryRecord
 from services.spec import parse_spec
 
@@ -184,3 +186,27 @@ def test_only_causes_that_point_at_the_worker_quarantine_it_once():
         100.0,
     )
     assert [q for q, _ in out] == [Quarantine(worker="w1", until=130.0, cause="RankHung")]
+
+
+def test_a_killed_trainer_moves_only_a_worker_holding_one_rank():
+    """dp2 x tp2 with replica 0 on one 2-device worker and replica 1 on two 1-device workers:
+    a kill on the 2-device worker restarts it in place, a kill on a 1-device worker may move
+    it to a spare; no other cause makes a worker movable this way."""
+    shape = MeshShape(2, 1, 2)
+    on = ["big", "big", "small-a", "small-b"]
+    asg = Assignment(
+        "j",
+        1,
+        shape,
+        "127.0.0.1",
+        1,
+        [RankEntry(r, on[r], r % 2, shape.coord(r)) for r in range(4)],
+    )
+
+    def killed(n: int, cause: str = "TrainerKilled") -> FaultRecord:
+        return fault(cause, n, 5.0).model_copy(update={"worker": on[n]})
+
+    assert faults.movable_on_kill(asg, [killed(0), killed(1)]) == set()
+    assert faults.movable_on_kill(asg, [killed(2)]) == {"small-a"}
+    assert faults.movable_on_kill(asg, [killed(1), killed(3)]) == {"small-b"}
+    assert faults.movable_on_kill(asg, [killed(2, "WorkerDead")]) == set()
