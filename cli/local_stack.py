@@ -24,7 +24,11 @@ Auth is on (docs/security.md): `up` generates fresh secrets into `{run_dir}/secr
 (cli/secrets.py), runs redis-server with `{run_dir}/redis/users.acl` (`default` off; users
 `admin` and `controller`), the controller with its auth file and its own Redis user, and the
 agents with the join token: each gets its own Redis user at join, which the controller saves to
-the aclfile (ACL SAVE), so a restarted redis-server still knows every agent.
+the aclfile (ACL SAVE), so a restarted redis-server still knows every agent. No secret is
+on any command line (every local user reads those with `ps`): the controller gets its Redis URL
+in its environment, the agents the join token's file. The run dir is 0700 and every child runs
+with umask 077, so what they write (the aclfile Redis rewrites at each ACL SAVE, logs,
+checkpoints) is the stack owner's alone.
 """
 
 from __future__ import annotations
@@ -142,17 +146,29 @@ def redis_argv(exe: str, port: int, data_dir: Path) -> list[str]:
     ]
 
 
+def private_child(parent: int) -> None:
+    """A child's set-up before exec: what it creates is its owner's alone (umask 077), and it
+    dies with `up` (SIGTERM)."""
+    os.umask(0o077)
+    die_with_parent(signal.SIGTERM, parent)
+
+
 class LocalStack:
     def __init__(self, cfg: StackConfig, say: Callable[[str], None] | None = None):
         self.cfg = cfg
         self.url = f"http://127.0.0.1:{cfg.port}"
         self.redis_url = cfg.redis_url or ""  # ours: as user admin (operators, `check`)
         self.controller_redis_url = cfg.redis_url or ""
+        cfg.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(cfg.run_dir, 0o700)  # mkdir's mode does not apply to a directory that existed
         self.secrets = LocalSecrets.create(cfg.run_dir)  # fresh for every stack
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs = cfg.run_dir / "logs"
         self.redis_argv: list[str] = []  # set when we run redis-server ourselves
         self.argv: dict[str, list[str]] = {}  # name -> command line, to restart it as it was
+        # name -> what it is told in its environment: secrets never go on a command line,
+        # which every local user can read (ps, /proc/PID/cmdline)
+        self.secret_env: dict[str, dict[str, str]] = {}
         self._restarts: dict[str, RestartBudget] = {}  # "redis", "controller", "agents"
         self._next_agent = cfg.workers  # the id number of the next replacement agent
         self.say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -167,8 +183,9 @@ class LocalStack:
         """Jobs may checkpoint under it (the controller's --checkpoint-root-allow)."""
         return self.cfg.run_dir / "checkpoints"
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
+    def _spawn(self, name: str, argv: list[str], secret_env: dict[str, str] | None = None) -> None:
         self.argv[name] = argv
+        self.secret_env[name] = secret_env or {}
         self.logs.mkdir(parents=True, exist_ok=True)
         with open(self.logs / f"{name}.log", "ab") as out:
             root = str(Path(__file__).resolve().parents[1])
@@ -179,6 +196,7 @@ class LocalStack:
                 # trainer taking all of them (an explicit OMP_NUM_THREADS wins)
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")
                 or str(max(1, (os.cpu_count() or 1) // max(1, self.cfg.workers))),
+                **self.secret_env[name],
             }
             self.procs[name] = subprocess.Popen(
                 argv,
@@ -187,7 +205,7 @@ class LocalStack:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=functools.partial(die_with_parent, signal.SIGTERM, os.getpid()),
+                preexec_fn=functools.partial(private_child, os.getpid()),
             )
 
     def start(self, timeout_s: float = 60.0) -> None:
@@ -208,8 +226,6 @@ class LocalStack:
                 "127.0.0.1",
                 "--port",
                 str(self.cfg.port),
-                "--redis-url",
-                self.controller_redis_url,
                 "--auth-file",
                 str(self.secrets.auth_file),
                 "--data-root",
@@ -218,6 +234,7 @@ class LocalStack:
                 str(ckpt),
                 *(["--allow-chaos"] if self.cfg.allow_chaos else []),
             ],
+            {"REDIS_URL": self.controller_redis_url},
         )
         for i in range(self.cfg.workers):
             self._spawn_agent(f"w{i}")
@@ -319,7 +336,7 @@ class LocalStack:
         lease lets the new process take over once the old lease lapsed."""
         self._budget("controller", "controller", "the controller", code)
         self.say(f"meshkeeper up: the controller exited (code {code}); restarting it")
-        self._spawn("controller", self.argv["controller"])
+        self._spawn("controller", self.argv["controller"], self.secret_env["controller"])
 
     def _replace_agent(self, name: str, code: int | None) -> None:
         """A fresh agent under a new worker id, like a replaced pod. The dead one's trainers

@@ -1,4 +1,4 @@
-"""`python -m controller --host 127.0.0.1 --port 8765 --redis-url redis://...`"""
+"""`REDIS_URL=redis://controller:PASSWORD@... python -m controller --host 127.0.0.1 --port 8765`"""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from controller.auth import Auth, refuse_without_admin
 from controller.retention import RetentionConfig
 from controller.scheduler import SchedulerConfig
 from controller.service import Controller, ControllerConfig
+from services.redis_url import holds_secret
 from services.tokens import TokenError
 
 
@@ -63,7 +64,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="interface to bind (default 127.0.0.1: nothing public by default)",
     )
     ap.add_argument("--port", type=int, default=int(env("MESHKEEPER_PORT", "8765")))
-    ap.add_argument("--redis-url", default=env("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    ap.add_argument(
+        "--redis-url",
+        help="Redis URL without a password (default redis://127.0.0.1:6379/0): a command "
+        "line is readable by every local user (ps). A URL with credentials goes in env "
+        "REDIS_URL or a 0600 file, --redis-url-file",
+    )
+    ap.add_argument(
+        "--redis-url-file",
+        type=Path,
+        default=env("REDIS_URL_FILE"),
+        help="file holding the Redis URL, credentials included (env REDIS_URL_FILE)",
+    )
     ap.add_argument("--prefix", default=env("MESHKEEPER_PREFIX", "mk:"), help="Redis key prefix")
     ap.add_argument("--lease-ttl", type=float, default=3.0, help="leader lease, seconds")
     ap.add_argument(
@@ -80,8 +92,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--agent-redis-url",
-        default=env("MESHKEEPER_AGENT_REDIS_URL"),
-        help="Redis URL handed to agents started with --controller (default: --redis-url)",
+        dest="agent_url",
+        help="Redis URL handed to agents started with --controller (default: --redis-url), "
+        "without credentials: each agent gets its own user's (env MESHKEEPER_AGENT_REDIS_URL)",
     )
     ap.add_argument(
         "--auth-file",
@@ -180,6 +193,34 @@ GC_YOUNG = 100_000
 GIL_SWITCH_S = 0.001
 
 
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+class SecretOnCommandLine(ValueError):
+    """A password given where every local user can read it; the message names the fix."""
+
+
+def redis_url(args: argparse.Namespace, environ: dict[str, str]) -> str:
+    """The controller's Redis URL: --redis-url-file, else env REDIS_URL, else --redis-url
+    (refused if it holds a password: /proc/PID/cmdline is world-readable, the environment and
+    a 0600 file are not), else the local default."""
+    for flag, given in (("--redis-url", args.redis_url), ("--agent-redis-url", args.agent_url)):
+        if given and holds_secret(given):
+            raise SecretOnCommandLine(
+                f"{flag} holds a password, and every local user can read a command line (ps): "
+                "give the controller's URL in env REDIS_URL or a 0600 file (--redis-url-file); "
+                "agents get credentials of their own at join"
+            )
+    if args.redis_url_file:
+        try:
+            return args.redis_url_file.read_text().strip()
+        except OSError as e:
+            raise SecretOnCommandLine(
+                f"--redis-url-file {args.redis_url_file}: cannot read it ({e.strerror})"
+            ) from None
+    return environ.get("REDIS_URL") or args.redis_url or DEFAULT_REDIS_URL
+
+
 def for_a_big_heap() -> None:
     """Tune the interpreter for the controller's heap and threads. At scale the heap is large
     and long-lived (every worker's report mirrored, the assignments of every running job,
@@ -199,6 +240,11 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        url = redis_url(args, dict(os.environ))
+    except SecretOnCommandLine as e:
+        print(f"controller: {e}", file=sys.stderr)
+        return 2
+    try:
         auth = Auth.load(args.auth_file, os.environ, insecure=args.insecure_no_auth)
     except TokenError as e:
         print(f"controller: {e}", file=sys.stderr)
@@ -216,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     from controller.app import create_app
 
     cfg = ControllerConfig(
-        redis_url=args.redis_url,
+        redis_url=url,
         prefix=args.prefix,
         lease_ttl_s=args.lease_ttl,
         scheduler=SchedulerConfig(
@@ -225,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             reserve_after_s=args.reserve_after,
             quotas=Quotas(args.default_quota, dict(args.quota)),
         ),
-        agent_redis_url=args.agent_redis_url,
+        agent_redis_url=args.agent_url or os.environ.get("MESHKEEPER_AGENT_REDIS_URL"),
         admission=AdmissionConfig(
             tuple(args.data_root), tuple(args.checkpoint_root_allow), args.allow_chaos
         ),

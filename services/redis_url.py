@@ -177,6 +177,13 @@ def without_credentials(url: str) -> str:
     return urlunsplit((u.scheme, u.netloc.rpartition("@")[2], u.path, query, u.fragment))
 
 
+def holds_secret(url: str) -> bool:
+    """Whether `url` carries a password, in its netloc or in an option."""
+    u = urlsplit(url)
+    password = u.netloc.rpartition("@")[0].partition(":")[2]
+    return bool(password) or any(o.partition("=")[0] in SECRET_OPTIONS for o in u.query.split("&"))
+
+
 def with_credentials(url: str, user: str, password: str) -> str:
     """`url` with its data-node user and password replaced (its hosts and options kept)."""
     u = urlsplit(url)

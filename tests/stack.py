@@ -35,6 +35,7 @@ from bench.common import own_memory
 from services.client import ApiError, Client
 from services.procs import free_port, signal_group, stop_all
 from services.redis_url import with_credentials
+from services.secrets import write_secret
 from services.store import Store, acl_file, wait_for_redis
 from services.tokens import new_token, write_auth_file
 from worker.progress import CHAOS_ENV
@@ -141,16 +142,22 @@ class Proc:
         return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
 
 
-def controller_argv(port: int, redis_url: str, *extra: str) -> list[str]:
-    """`python -m controller` on `port` against `redis_url`, plus `extra` flags."""
+def controller_argv(port: int, redis_url: str, secrets_dir: Path, *extra: str) -> list[str]:
+    """`python -m controller` on `port` against `redis_url`, plus `extra` flags. The URL,
+    password and all, goes in a 0600 file under `secrets_dir` (--redis-url-file), as deployed:
+    a command line is readable by every local user, and the controller refuses one with a
+    password."""
+    secrets_dir.mkdir(parents=True, exist_ok=True)
+    name = "redis-url-" + hashlib.sha256(redis_url.encode()).hexdigest()[:8]
+    url_file = write_secret(secrets_dir / name, redis_url)
     return [
         sys.executable,
         "-m",
         "controller",
         "--port",
         str(port),
-        "--redis-url",
-        redis_url,
+        "--redis-url-file",
+        str(url_file),
         *extra,
     ]
 
@@ -316,20 +323,12 @@ class Controller:
         self.secrets = secrets
         self.proc = Proc(
             name,
-            [
-                sys.executable,
-                "-m",
-                "controller",
-                "--port",
-                str(self.port),
-                "--redis-url",
+            controller_argv(
+                self.port,
                 redis_url,
-                "--log-level",
-                "info",
-                "--auth-file",
-                str(secrets.auth_file),
-                *extra,
-            ],
+                secrets.auth_file.parent,
+                *("--log-level", "info", "--auth-file", str(secrets.auth_file), *extra),
+            ),
             log_dir,
         )
         with Client(self.url, timeout=2) as c:

@@ -40,6 +40,7 @@ def tls(tmp_path_factory):
         controller_argv(
             port,
             server.controller_url,
+            secrets.auth_file.parent,
             *("--auth-file", str(secrets.auth_file), "--tls-cert", str(cert)),
             *("--tls-key", str(key)),
         ),
