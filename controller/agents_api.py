@@ -5,6 +5,11 @@ agent, writes the worker's registration (with a controller-set `joined_at`, the 
 scheduler places only on), creates or rotates the agent's own Redis ACL user `agent-{wid}`
 with a fresh random password, and answers with a Redis URL carrying that user's credentials.
 A wrong or missing join token gets 401 and nothing is written.
+
+A worker id is bound to the agent that holds it while that agent beats: a join with the id
+of a live worker is refused (409) unless it presents that worker's current Redis password
+(`credential`: the same agent, restarted, which kept it in its run dir). So the join token
+alone cannot take over a live worker, rotate its password and cut it off.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import logging
 import time
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Request, Security
+from fastapi import APIRouter, HTTPException, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
@@ -25,6 +30,9 @@ from services.store import WORKER_ID_RE, agent_user
 from services.tokens import new_token
 
 log = logging.getLogger("meshkeeper.agents")
+# A worker whose last beat is younger than this is held by its agent: twice the longest beat
+# interval an agent may use (a job's fault_tolerance.heartbeat_s is at most 60 s).
+HOLD_S = 120.0
 Text = Annotated[str, Field(min_length=1, max_length=253)]
 
 
@@ -45,6 +53,14 @@ class JoinRequest(BaseModel):
     device_kind: Literal["cpu", "cuda"]
     pid: Annotated[int, Field(ge=1)]
     run_dir: Annotated[str, Field(max_length=4096)] = ""
+    credential: Annotated[
+        str | None,
+        Field(
+            max_length=256,
+            description="the Redis password this agent got at its last join with this id, "
+            "if it kept one: it proves a live worker's id is its own",
+        ),
+    ] = None
 
 
 class Joined(BaseModel):
@@ -56,14 +72,22 @@ class Joined(BaseModel):
 def router(ctl: Controller) -> APIRouter:
     r = APIRouter(tags=["workers"])
 
-    @r.post("/v1/agents/join", response_model=Joined)
+    @r.post(
+        "/v1/agents/join",
+        response_model=Joined,
+        responses={
+            401: {"description": "no valid join token"},
+            409: {"description": "a live agent holds this worker id"},
+        },
+    )
     async def join(
         body: JoinRequest,
         request: Request,
         cred: HTTPAuthorizationCredentials | None = Security(bearer),
     ) -> dict:
         """Register a worker (Bearer: the join token). Re-joining with the same id replaces
-        its registration and rotates its Redis password."""
+        its registration and rotates its Redis password; while the id's agent lives, only with
+        its `credential` (409 otherwise)."""
         if not request.app.state.auth.join_ok(cred.credentials if cred else None):
             raise Denied(
                 401,
@@ -72,9 +96,26 @@ def router(ctl: Controller) -> APIRouter:
                 "`meshkeeper up` writes {run-dir}/secrets/join-token)",
                 'Bearer realm="meshkeeper", error="invalid_token"',
             )
+        peer = request.client.host if request.client else "?"
+        held = await run_in_threadpool(ctl.store.held_elsewhere, body.id, body.credential, HOLD_S)
+        if held is not None:
+            log.warning(
+                "refused a join as worker %s from %s (claims %s): a live agent holds that id "
+                "(last beat %.1fs ago) and the join did not present its credential",
+                body.id,
+                peer,
+                body.address,
+                held,
+            )
+            raise HTTPException(
+                409,
+                f"worker id {body.id!r} is held by a live agent (last beat {held:.1f}s ago): "
+                "give this agent another --id, or stop that one; an id is free once its agent "
+                f"stops or has been silent for {HOLD_S:.0f}s",
+            )
         password = new_token()
         info = {
-            **body.model_dump(exclude={"id"}),
+            **body.model_dump(exclude={"id", "credential"}),
             "labels": {"host": body.host, **body.labels},
             "state": "idle",
             "started_at": time.time(),
@@ -87,8 +128,9 @@ def router(ctl: Controller) -> APIRouter:
                 agent_user(body.id),
             )
         log.info(
-            "worker %s joined from %s (%s, %d device(s))",
+            "worker %s joined from %s (claims address %s; %s, %d device(s))",
             body.id,
+            peer,
             body.address,
             body.host,
             body.devices,

@@ -177,6 +177,13 @@ def without_credentials(url: str) -> str:
     return urlunsplit((u.scheme, u.netloc.rpartition("@")[2], u.path, query, u.fragment))
 
 
+def without_user(url: str) -> str:
+    """`url` without its data-node user and password (its hosts and options kept): for a
+    client that authenticates through a credential provider."""
+    u = urlsplit(url)
+    return urlunsplit((u.scheme, u.netloc.rpartition("@")[2], u.path, u.query, u.fragment))
+
+
 def holds_secret(url: str) -> bool:
     """Whether `url` carries a password, in its netloc or in an option."""
     u = urlsplit(url)

@@ -11,6 +11,7 @@ Rules this module keeps:
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import re
@@ -28,7 +29,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_r
 
 from services import scripts
 from services.progress import ProgressMirror
-from services.redis_url import connect, replica_clients
+from services.redis_url import connect, replica_clients, without_user
 
 log = logging.getLogger("meshkeeper.store")
 
@@ -354,12 +355,16 @@ class Store:
         retries: int = 1,
         replica_recheck_s: float = 10.0,
         mirror_progress: bool = False,
+        credentials: redis.CredentialProvider | None = None,
     ):
         """`replica_recheck_s`: under Sentinel, how long writes stop waiting for replicas
         after a WAIT fell short (`_replicated`). `mirror_progress`: `progress` re-reads only
         the reports rewritten since its last call (the controller's reads; an agent's ACL
-        user may not read the index it needs)."""
-        self.url = url
+        user may not read the index it needs). `credentials`: who to authenticate as, asked
+        at every (re)connect, instead of the URL's user and password (an agent's, replaced
+        when it joins again: worker/agent/joining.py)."""
+        self.credentials = credentials
+        self.url = without_user(url) if credentials else url
         self.keys = Keys(prefix)
         self._options = dict(
             decode_responses=True,
@@ -368,9 +373,10 @@ class Store:
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries),
             retry_on_error=[redis.ConnectionError, redis.TimeoutError],
             health_check_interval=5,
+            **({"credential_provider": credentials} if credentials else {}),
         )
         # `sentinel`: a Sentinel-monitored master (services/redis_url.py), None for one server
-        self.r, self.sentinel = connect(url, **self._options)
+        self.r, self.sentinel = connect(self.url, **self._options)
         self._replica_recheck_s = replica_recheck_s
         self._replicas_short_until = 0.0  # time.monotonic(); see `_replicated`
         self._acl_lock = threading.Lock()
@@ -451,6 +457,24 @@ class Store:
         pipe.zadd(self.keys.workers_joined(), {wid: now})
         pipe.execute()
         return self.save_acl()
+
+    def held_elsewhere(self, wid: str, credential: str | None, hold_s: float) -> float | None:
+        """Seconds since worker `wid`'s last beat while a live agent holds it (a beat within
+        `hold_s`) and `credential` is not its Redis user's current password; None when a join
+        with this id may go ahead: nobody beats for it, or the caller is its own agent again
+        (docs/security.md, "Joining"). An id whose Redis user is gone (Redis lost its users)
+        is free too: no agent can beat as it any more."""
+        now, seen = self.beats([wid])
+        last = seen.get(wid)
+        if last is None or now - last > hold_s:
+            return None
+        user = self.r.acl_getuser(agent_user(wid))
+        if user is None:
+            return None
+        presented = hashlib.sha256((credential or "").encode()).hexdigest()
+        if credential and any(hmac.compare_digest(presented, h) for h in user["passwords"]):
+            return None
+        return now - last
 
     def delete_user(self, user: str) -> None:
         """ACL DELUSER on the master and on every replica the Sentinels know (a copy never

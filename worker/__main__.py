@@ -20,17 +20,15 @@ import sys
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-import httpx
 import psutil
 import redis
 
 from services.store import WORKER_ID_RE, Store, wait_for_redis
 from services.tokens import TokenError, read_token
 from worker.agent.agent import Agent, AgentConfig, default_address
+from worker.agent.joining import Credentials, Joiner, Rejoin, via
 from worker.agent.metrics_endpoint import AgentMetrics
-from worker.agent.retry import Outage
 from worker.devices import discover
 from worker.snapshots import DEFAULT_ROOT as DEFAULT_SNAPSHOT_ROOT
 
@@ -224,14 +222,15 @@ def device_memory(devices: int) -> tuple[str, int]:
     return "cpu", psutil.virtual_memory().total // devices
 
 
-class JoinNotAnswered(Exception):
-    """The controller answered the join with something a retry may fix (a 5xx, a 429)."""
-
-
-def join(args: argparse.Namespace, cfg: AgentConfig, stop: threading.Event) -> tuple[str, str]:
-    """Join through the controller, retrying while it cannot answer; (redis_url, prefix).
-    A refused join token or description exits: retrying cannot fix configuration."""
+def joiner(args: argparse.Namespace, cfg: AgentConfig) -> Joiner:
+    """How this agent joins through the controller (worker/agent/joining.py)."""
     token, (kind, memory) = join_token(args), device_memory(cfg.devices)
+    try:
+        verify = ssl.create_default_context(cafile=args.ca_file) if args.ca_file else True
+    except (OSError, ssl.SSLError) as e:
+        raise SystemExit(
+            f"agent: --ca-file {args.ca_file}: cannot load it as a PEM CA certificate ({e})"
+        ) from None
     body = {
         "id": cfg.wid,
         "host": cfg.host,
@@ -243,58 +242,8 @@ def join(args: argparse.Namespace, cfg: AgentConfig, stop: threading.Event) -> t
         "pid": os.getpid(),
         "run_dir": str(cfg.run_dir),
     }
-    url = args.controller.rstrip("/") + "/v1/agents/join"
-    try:
-        verify = ssl.create_default_context(cafile=args.ca_file) if args.ca_file else True
-    except (OSError, ssl.SSLError) as e:
-        raise SystemExit(
-            f"agent: --ca-file {args.ca_file}: cannot load it as a PEM CA certificate ({e})"
-        ) from None
-
-    def attempt() -> dict:
-        r = httpx.post(
-            url,
-            json=body,
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=10.0,
-            verify=verify,
-        )
-        if r.status_code in (401, 403, 422):
-            raise SystemExit(
-                f"agent: the controller refused the join ({r.status_code}): {_detail(r)}"
-            )
-        if r.status_code != 200:
-            raise JoinNotAnswered(f"it answered {r.status_code}: {_detail(r)}")
-        return r.json()
-
-    answer = Outage(
-        (httpx.HTTPError, JoinNotAnswered),
-        5.0,
-        stop,
-        down=f"cannot join through the controller {args.controller} (%s); retrying",
-        back=f"the controller {args.controller} answers again",
-    ).call(attempt)
-    if answer is None:  # stopped before it answered
-        raise SystemExit(0)
-    log.info("joined %s as worker %s", args.controller, cfg.wid)
-    return _via(answer["redis_url"], args.redis_address), answer["prefix"]
-
-
-def _detail(r: httpx.Response) -> str:
-    try:
-        return str(r.json().get("detail", r.text[:200]))
-    except ValueError:
-        return r.text[:200]
-
-
-def _via(url: str, address: str | None) -> str:
-    """`url` with its host and port replaced by `address` (credentials kept)."""
-    if not address:
-        return url
-    u = urlsplit(url)
-    creds = u.netloc.rpartition("@")[0]
-    return urlunsplit(
-        (u.scheme, f"{creds}@{address}" if creds else address, u.path, u.query, u.fragment)
+    return Joiner(
+        args.controller, token, body, verify, cfg.run_dir / "credential", args.redis_address
     )
 
 
@@ -351,15 +300,22 @@ def main(argv: list[str] | None = None) -> int:
         # per worker id: agents sharing a host (and a --snapshot-dir) never share files
         snapshot_root=(args.snapshot_dir or DEFAULT_SNAPSHOT_ROOT).resolve() / wid,
     )
+    rejoin = None
     if args.controller:
-        redis_url, prefix = join(args, cfg, stopping)
-        store = Store(redis_url, prefix)
+        joins = joiner(args, cfg)
+        joined = joins.until_joined(stopping)
+        if joined is None:  # stopped before the controller answered
+            return 0
+        redis_url, prefix = joined
+        credentials = Credentials(redis_url)
+        store = Store(redis_url, prefix, credentials=credentials)
+        rejoin = Rejoin(joins, credentials)
     else:
         log.warning(
             "--insecure-direct-redis: registering without a join; anyone who can write "
             "this Redis can become a worker (docs/security.md)"
         )
-        store = Store(_via(args.insecure_direct_redis, args.redis_address), args.prefix)
+        store = Store(via(args.insecure_direct_redis, args.redis_address), args.prefix)
         try:
             wait_for_redis(store, 60)
             register_directly(store, cfg)
@@ -368,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"agent: cannot register in Redis at --insecure-direct-redis: {e}"
             ) from None
     metrics = AgentMetrics(args.peak_flops or None, cfg.devices)
-    agent.append(Agent(cfg, store, metrics))
+    agent.append(Agent(cfg, store, metrics, rejoin))
     metrics.watch(agent[0].snapshot)
     if args.metrics_port:
         metrics.serve(args.metrics_host, args.metrics_port, store, cfg.wid, cfg.address)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
+from urllib.parse import unquote, urlsplit
 
 import httpx
 import pytest
@@ -45,11 +46,12 @@ def raw(url: str) -> redis.Redis:
     )
 
 
-def join(api: ApiStack, wid: str, token: str | None) -> httpx.Response:
+def join(
+    api: ApiStack, wid: str, token: str | None, credential: str | None = None
+) -> httpx.Response:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.post(
-        api.url + "/v1/agents/join", json={"id": wid, **BODY}, headers=headers, timeout=10
-    )
+    body = {"id": wid, **BODY, **({"credential": credential} if credential else {})}
+    return httpx.post(api.url + "/v1/agents/join", json=body, headers=headers, timeout=10)
 
 
 def agent(api: ApiStack, wid: str, work) -> Proc:
@@ -163,8 +165,11 @@ def test_a_join_registers_the_worker_and_gives_it_its_own_redis_user(api, admin)
                 pytest.fail(f"attempt {i} was allowed")
     finally:
         me.close()
-    # a re-join rotates the password: the old URL no longer authenticates
-    assert join(api, "wa", api.secrets.join_token).status_code == 200
+    # wa beats: a re-join needs its credential (its current password), and rotates it: the
+    # old URL no longer authenticates
+    assert join(api, "wa", api.secrets.join_token).status_code == 409
+    password = unquote(urlsplit(url).password)
+    assert join(api, "wa", api.secrets.join_token, password).status_code == 200
     with pytest.raises(redis.AuthenticationError):
         raw(url).ping()
 
@@ -230,3 +235,62 @@ def test_a_forged_worker_is_never_given_a_rank(api, admin, tmp_path):
         client.close()
         for p in procs:
             p.stop(10)
+
+
+def test_the_join_token_cannot_take_over_a_live_worker(api, admin, tmp_path):
+    """A real agent w5 joins and beats. An attacker holding the join token joins as w5, with
+    no credential and with a wrong one: 409, and w5's registration and Redis password stay
+    its own, so it goes on beating. The agent itself, SIGKILLed and restarted with the same
+    id and run dir, rejoins at once with the credential it kept; stopped cleanly, it frees
+    the id for anyone with the join token."""
+    client = api.controller.client()
+    p = agent(api, "w5", tmp_path)
+    try:
+        wait_until(lambda: any(w.id == "w5" and w.alive for w in client.workers()), 60, "w5")
+        before = admin.workers(["w5"])["w5"]
+        passwords = admin.r.acl_getuser(agent_user("w5"))["passwords"]
+        for credential in (None, "guessed"):
+            r = join(api, "w5", api.secrets.join_token, credential)
+            assert r.status_code == 409, r.text
+            assert "held by a live agent" in r.json()["detail"], r.text
+        assert admin.workers(["w5"])["w5"]["joined_at"] == before["joined_at"]
+        assert admin.r.acl_getuser(agent_user("w5"))["passwords"] == passwords
+        beat = admin.last_seen(["w5"])["w5"]
+        wait_until(lambda: admin.last_seen(["w5"])["w5"] > beat, 10, "w5 to beat again")
+        p.kill()
+        p = agent(api, "w5", tmp_path)  # the same id and run dir, while w5 still looks alive
+        wait_until(
+            lambda: admin.workers(["w5"])["w5"]["joined_at"] != before["joined_at"],
+            30,  # far below the 120 s an id stays held after its agent's last beat
+            "the restarted agent to rejoin",
+        )
+        assert admin.r.acl_getuser(agent_user("w5"))["passwords"] != passwords  # rotated
+        p.stop(10)  # a clean stop deregisters: the id is free
+        assert join(api, "w5", api.secrets.join_token).status_code == 200
+    finally:
+        client.close()
+        p.stop(10)
+
+
+def test_an_agent_whose_password_redis_refuses_joins_again(api, admin, tmp_path):
+    """Redis loses the agent's user (deleted, its connections cut, as after a restart without
+    the users file): the agent's calls get WRONGPASS, and rather than retrying that password
+    forever it joins again with the join token and beats under a fresh password."""
+    client = api.controller.client()
+    p = agent(api, "w6", tmp_path)
+    try:
+        wait_until(lambda: any(w.id == "w6" and w.alive for w in client.workers()), 60, "w6")
+        joined = admin.workers(["w6"])["w6"]["joined_at"]
+        # its connections first: Redis cannot name a deleted user's
+        admin.r.execute_command("ACL", "SETUSER", agent_user("w6"), "off")
+        admin.r.execute_command("CLIENT", "KILL", "USER", agent_user("w6"))
+        admin.r.execute_command("ACL", "DELUSER", agent_user("w6"))
+        wait_until(
+            lambda: admin.workers(["w6"])["w6"]["joined_at"] != joined, 30, "w6 to join again"
+        )
+        beat = admin.now()
+        wait_until(lambda: admin.last_seen(["w6"])["w6"] > beat, 10, "w6 to beat as its new user")
+        assert "joining again" in p.tail(), p.tail()
+    finally:
+        client.close()
+        p.stop(10)

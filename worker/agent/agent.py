@@ -21,6 +21,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,8 +109,17 @@ class Run:
 
 
 class Agent:
-    def __init__(self, cfg: AgentConfig, store: Store, metrics: AgentMetrics | None = None):
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        store: Store,
+        metrics: AgentMetrics | None = None,
+        rejoin: Callable[[BaseException], None] | None = None,
+    ):
+        """`rejoin`: told of every failed Redis call of the loop; it joins again when Redis
+        refused the agent's password (worker/agent/joining.py)."""
         self.cfg, self.store, self.metrics = cfg, store, metrics
+        self._rejoin = rejoin
         self.run: Run | None = None
         self.state = "idle"
         self.launcher = Launcher(cfg.run_dir, cfg.warm, self._child_env())
@@ -168,7 +178,7 @@ class Agent:
             2.0,
             self._stop,
             sleep=self._wait_locally,
-            on_failure=lambda _: self._close_pubsub(),
+            on_failure=self._redis_failed,
             down="Redis unavailable (%s); trainers keep running, retrying",
             back="Redis is back; assignment re-read",
         )
@@ -180,6 +190,11 @@ class Agent:
                 redis_outage.call(self._sync)
         finally:
             self._shutdown()
+
+    def _redis_failed(self, error: BaseException) -> None:
+        self._close_pubsub()
+        if self._rejoin:
+            self._rejoin(error)
 
     def _wait_locally(self, seconds: float) -> None:
         """Between tries while Redis is away: the trainers are still supervised."""

@@ -43,6 +43,7 @@ class Heartbeat:
         self.store = Store(
             store.url,
             store.keys.prefix,
+            credentials=store.credentials,
             socket_timeout=BEAT_TIMEOUT_S,
             connect_timeout=BEAT_TIMEOUT_S,
             retries=0,
