@@ -237,56 +237,53 @@ def controller_acl(prefix: str) -> list[str]:
 
 
 def agent_acl(prefix: str, wid: str) -> list[str]:
-    """An agent's rules: read/write only its own keys (registration, progress, probe result,
-    metrics endpoint), read (never write) what the controller writes for it and the job keys,
-    append job events, beat in `workers:seen`. Redis checks commands a script runs against
-    these too, so they cover HEARTBEAT and CHECKPOINT_CAS."""
-    if not WORKER_ID_RE.match(wid) or not PREFIX_RE.match(prefix):
+    """An agent's rules (Redis 7 selectors): each command only on the keys it is for. The
+    root grants the commands without keys and the scripts (EVALSHA needs every key it
+    declares in one rule); Redis checks each command a script runs against the user again, so
+    HEARTBEAT, REPORT and CHECKPOINT_CAS work through the selectors:
+    - its own keys (registration, progress, probe result, metrics endpoint): read and write;
+    - what the controller writes for it and the job keys: read only;
+    - the shared sorted sets (`workers:seen`, `workers:reported`, `workers:gone`): ZADD and
+      ZREM only, so no agent can SET or DEL them and stop every reconcile pass;
+    - job event streams: XADD only, so no agent can replace a stream with a string;
+    - checkpoint pointers: what the commit CAS runs."""
+    if not WORKER_ID_RE.fullmatch(wid) or not PREFIX_RE.fullmatch(prefix):
         raise ValueError(f"worker id {wid!r} / prefix {prefix!r} not allowed in an ACL pattern")
     me = f"{prefix}worker:{wid}"
+    shared = [f"{prefix}workers:seen", f"{prefix}workers:reported", f"{prefix}workers:gone"]
+    checkpoints = f"{prefix}job:*:checkpoint"
     return [
         "resetkeys",
         "resetchannels",
+        "clearselectors",
         "-@all",
-        "+ping",
-        "+time",
-        "+hello",
-        "+auth",
-        "+evalsha",
-        "+eval",
-        "+script|load",
-        "+subscribe",
-        "+unsubscribe",
-        "+publish",  # only to controller:wake (the channel rule below)
-        "+multi",
-        "+exec",
-        "+discard",
+        *("+ping", "+time", "+hello", "+auth", "+multi", "+exec", "+discard"),
         "+wait",  # a checkpoint commit waits for replicas under Sentinel (Store._durable)
-        "+hget",
-        "+hgetall",
-        "+hmget",
-        "+hset",
-        "+del",
-        "+zadd",
-        "+zrem",
-        "+xadd",
-        "+set",  # worker:{wid}:metrics, the endpoint it advertises (services/discovery.py)
-        f"%RW~{me}",
-        f"%RW~{me}:progress",
-        f"%RW~{me}:probe",
-        f"%RW~{me}:metrics",
-        f"%R~{me}:assignment",
-        f"%R~{me}:health",  # controller-written: read only
-        f"%RW~{prefix}workers:seen",
-        f"%RW~{prefix}workers:reported",  # REPORT stamps it with the progress hash
-        f"%RW~{prefix}workers:gone",  # a clean stop moves the agent here (deregister_worker)
-        # one pattern must grant all a command needs: the CAS (EVALSHA) needs RW on its key
-        f"%R~{prefix}job:*",
-        f"%W~{prefix}job:*:events",
-        f"%RW~{prefix}job:*:checkpoint",
+        *("+subscribe", "+unsubscribe", "+publish"),  # the channel rules below
+        *("+evalsha", "+eval", "+script|load"),
+        # the keys the scripts declare (HEARTBEAT, REPORT, CHECKPOINT_CAS), for EVALSHA alone
+        *(f"%RW~{k}" for k in (me, f"{me}:progress", *shared[:2], checkpoints)),
         f"&{me}:assignment",
         f"&{prefix}controller:wake",
+        selector(
+            [me, f"{me}:progress", f"{me}:probe", f"{me}:metrics"],
+            "RW",
+            ["+hset", "+hget", "+hgetall", "+hmget", "+del", "+set"],
+        ),
+        selector(
+            [f"{me}:assignment", f"{me}:health", f"{prefix}job:*"],
+            "R",
+            ["+hget", "+hgetall", "+hmget"],
+        ),
+        selector(shared, "RW", ["+zadd", "+zrem"]),
+        selector([f"{prefix}job:*:events"], "W", ["+xadd"]),
+        selector([checkpoints], "RW", ["+hget", "+hmget", "+hset"]),
     ]
+
+
+def selector(keys: list[str], access: str, commands: list[str]) -> str:
+    """One ACL selector: `commands` on `keys` only, with `access` (R, W or RW)."""
+    return "(" + " ".join([*(f"%{access}~{k}" for k in keys), *commands]) + ")"
 
 
 def acl_file(
@@ -800,19 +797,31 @@ class Store:
         return results
 
 
+ACL_RULE_RE = re.compile(r"\([^)]*\)|\S+")  # a selector `(...)` is one rule
+
+
 def acl_rules(listing: list[str]) -> dict[str, list[str]]:
     """ACL LIST lines (`user NAME RULE...`) as {name: rules}."""
     out = {}
     for line in listing:
-        _, name, *rules = line.split()
+        _, name, *rules = ACL_RULE_RE.findall(line)
         out[name] = rules
     return out
 
 
 def same_rules(a: list[str] | None, b: list[str]) -> bool:
     """Whether two users' ACL LIST rules grant the same: Redis lists single commands in hash
-    order, and `reset` (how a copy is made) adds sanitize-payload, its default."""
-    return a is not None and set(a) - {"sanitize-payload"} == set(b) - {"sanitize-payload"}
+    order (inside selectors too), and `reset` (how a copy is made) adds sanitize-payload, its
+    default."""
+    return a is not None and _rule_set(a) == _rule_set(b)
+
+
+def _rule_set(rules: list[str]) -> set:
+    return {
+        frozenset(r[1:-1].split()) if r.startswith("(") else r
+        for r in rules
+        if r != "sanitize-payload"
+    }
 
 
 def wait_for_redis(store: Store, timeout_s: float) -> None:

@@ -158,6 +158,13 @@ def test_a_join_registers_the_worker_and_gives_it_its_own_redis_user(api, admin)
             lambda: me.commit_checkpoint(
                 "j", 1, 10, "/ck", wid="wb"
             ),  # reads another worker's pointer
+            # shared keys whose wrong type would stop every reconcile pass: only ZADD/XADD
+            lambda: me.r.set(admin.keys.workers_seen(), "x"),
+            lambda: me.r.delete(admin.keys.workers_seen()),
+            lambda: me.r.set(admin.keys.workers_reported(), "x"),
+            lambda: me.r.set(admin.keys.job_events("j"), "x"),
+            lambda: me.r.delete(admin.keys.job_events("j")),
+            lambda: me.r.eval("return redis.call('SET', KEYS[1], 'x')", 1, "mk:workers:seen"),
         ]
         for i, attempt in enumerate(denied):
             with pytest.raises(redis.ResponseError, match="(?i)permission|can't access|NOPERM"):
