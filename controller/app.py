@@ -378,9 +378,16 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
     def healthz() -> dict:
         return {"status": "ok", "controller": ctl.id, "leader": ctl.leading}
 
-    @app.get("/readyz", tags=["ops"])
+    @app.get("/readyz", tags=["ops"], responses=_errors(503))
     def readyz() -> dict:
+        """Ready: Redis answers, and reconcile passes complete (a pass failing again and
+        again, on Redis or on a bug, is 503 after controller/service.py PASS_OVERDUE_S)."""
         ctl.store.ping()  # RedisError -> 503 through the handler
+        if (overdue := ctl.pass_overdue_s()) is not None:
+            raise ApiError(
+                503,
+                f"no reconcile pass has completed for {overdue:.0f}s; see the controller's log",
+            )
         return {"status": "ready", "redis": "ok", "leader": ctl.leading}
 
     @app.get(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import redis
 from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from controller.conditions import PHASES, TERMINAL
 from controller.jobs import Job
@@ -77,6 +77,15 @@ class _RedisCollector:
         )
         leader.add_metric([self.src.controller_id], 1.0 if self.src.leading() else 0.0)
         yield leader
+        errors = CounterMetricFamily(
+            "meshkeeper_state_errors",
+            "Malformed state in Redis that this controller met and went on past: a worker's "
+            "registration (the worker is not placed), a job skipped in a pass",
+            labels=["kind"],
+        )
+        for kind in dict.fromkeys(("registration", "job", *self.src.store.state_errors)):
+            errors.add_metric([kind], self.src.store.state_errors[kind])
+        yield errors
         try:
             store = self.src.store
             now, seen = store.now(), store.workers_seen()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 
+import redis
+
 from controller import apply, placing, waiting
 from controller.availability import RedisAvailability
 from controller.following import follow
@@ -19,7 +21,7 @@ from controller.passes import FreePool, JobView, Pass, SchedulerConfig, WorkerAc
 from controller.placement import FreeWorker
 from controller.ranks import rank_view
 from services import assignment
-from services.store import Store, Tx
+from services.store import Fenced, Store, Tx
 
 log = logging.getLogger("meshkeeper.scheduler")
 
@@ -67,22 +69,41 @@ class Scheduler:
         running = waiting.running_ranks(readable)
         reserved_by: str | None = None
         for jid, job in jobs.items():
-            if job is None:  # half-written, deleted, or unreadable: drop it from the queue
-                log.warning("job %s: no readable record; removed from the queue", jid)
-                ctx.commit(Tx().zrem(self.store.keys.jobs_open(), jid))
-            elif job.cancel_requested:
-                cancel(ctx, job)
-            elif job.phase == "Pending" or job.awaiting_capacity:
-                if waiting.over_quota(ctx, job, running):
-                    continue
-                if reserved_by is None and placing.try_start(ctx, job):
-                    running[job.owner] = running.get(job.owner, 0) + job.ranks
-                    continue
-                if reserved_by is None and waiting.reserves(ctx, job):
-                    reserved_by = jid
-                waiting.wait(ctx, job, reserved_by)
-            elif job.phase in ("Running", "Recovering"):
-                follow(ctx, job, self.availability)
+            try:
+                reserved_by = self._handle(ctx, jid, job, running, reserved_by)
+            except (Fenced, redis.ConnectionError, redis.TimeoutError):
+                raise  # the lease is gone, or Redis is: the whole pass stops
+            except Exception as e:  # one job's bad state must not stop the others
+                self.store.state_errors["job"] += 1
+                log.warning(
+                    "job %s: skipped in this pass (%s: %s); the other jobs go on",
+                    jid,
+                    type(e).__name__,
+                    e,
+                    exc_info=log.isEnabledFor(logging.DEBUG),
+                )
+
+    def _handle(
+        self, ctx: Pass, jid: str, job: Job | None, running: dict[str, int], reserved_by: str | None
+    ) -> str | None:
+        """One job's turn in the pass; returns the job that reserves the pool, if any."""
+        if job is None:  # half-written, deleted, or unreadable: drop it from the queue
+            log.warning("job %s: no readable record; removed from the queue", jid)
+            ctx.commit(Tx().zrem(self.store.keys.jobs_open(), jid))
+        elif job.cancel_requested:
+            cancel(ctx, job)
+        elif job.phase == "Pending" or job.awaiting_capacity:
+            if waiting.over_quota(ctx, job, running):
+                return reserved_by
+            if reserved_by is None and placing.try_start(ctx, job):
+                running[job.owner] = running.get(job.owner, 0) + job.ranks
+                return reserved_by
+            if reserved_by is None and waiting.reserves(ctx, job):
+                reserved_by = jid
+            waiting.wait(ctx, job, reserved_by)
+        elif job.phase in ("Running", "Recovering"):
+            follow(ctx, job, self.availability)
+        return reserved_by
 
 
 def cancel(ctx: Pass, job: Job) -> None:

@@ -45,6 +45,11 @@ class ControllerConfig:
     retention: RetentionConfig = RetentionConfig()  # bounded state (controller/retention.py)
 
 
+# A pass takes milliseconds to a few seconds (2 s at 16,384 ranks, bench/scale.py); one that
+# has not completed for this long keeps failing, and the replica is not ready.
+PASS_OVERDUE_S = 15.0
+
+
 class Controller:
     def __init__(self, cfg: ControllerConfig):
         self.cfg = cfg
@@ -62,6 +67,7 @@ class Controller:
             Scraped(self.store, self.id, lambda: self.leading, cfg.scheduler.worker_alive_s)
         )
         self._next_acl_sync = 0.0
+        self.pass_done_at = time.monotonic()  # the last reconcile pass that completed
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="reconcile", daemon=True)
         # Redis's availability is timed by a thread of its own, never by the passes: a long
@@ -113,10 +119,17 @@ class Controller:
                 return
             self._retrying(self._pass)
 
+    def pass_overdue_s(self) -> float | None:
+        """How long since the last reconcile pass completed, once that is over PASS_OVERDUE_S
+        (a pass that keeps failing: /readyz answers 503); None while passes complete."""
+        since = time.monotonic() - self.pass_done_at
+        return since if since > PASS_OVERDUE_S else None
+
     def _pass(self) -> None:
         """One reconcile pass while leading. Raises what should be retried after a wait."""
         lease = self.lease.current()
         if lease is None:
+            self.pass_done_at = time.monotonic()  # nothing to do is done
             return
         t0, cpu0 = time.perf_counter(), time.thread_time()
         try:
@@ -126,6 +139,7 @@ class Controller:
                 self._next_acl_sync = time.monotonic() + ACL_SYNC_S
                 if changed := self.store.sync_acl():
                     log.info("copied %d ACL user change(s) to the Redis replicas", changed)
+            self.pass_done_at = time.monotonic()
         except Fenced:  # not retried: the next pass finds the lease gone
             log.warning("a write was fenced: another controller leads now")
         except redis.RedisError as e:  # the watcher logs the outage once, and times it

@@ -17,6 +17,7 @@ import logging
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +28,7 @@ from redis.commands.core import Script
 from redis.retry import Retry
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
-from services import scripts
+from services import registration, scripts
 from services.progress import ProgressMirror
 from services.redis_url import connect, replica_clients, without_user
 
@@ -389,6 +390,10 @@ class Store:
             if mirror_progress
             else None
         )
+        # poisoned state met and survived, by kind (meshkeeper_state_errors_total), and what
+        # was already reported (a malformed hash is read again every pass)
+        self.state_errors: Counter[str] = Counter()
+        self._reported_errors: set[tuple] = set()
         # wid -> (joined_at, its registration hash): `registrations`
         self._registrations: dict[str, tuple[float, dict[str, str]]] = {}
         self._registrations_lock = threading.Lock()
@@ -618,7 +623,26 @@ class Store:
         return dict(zip(ids, pipe.execute(), strict=True))
 
     def workers(self, wids: list[str]) -> dict[str, dict[str, str]]:
-        return self._hashes(wids, self.keys.worker)
+        """Registration hashes; one with a malformed typed field comes back without that field
+        and without `joined_at`, so the worker is never placed until it joins again."""
+        return {w: self._usable(w, h) for w, h in self._hashes(wids, self.keys.worker).items()}
+
+    def _usable(self, wid: str, fields: dict[str, str]) -> dict[str, str]:
+        bad = registration.problems(fields)
+        if not bad:
+            return fields
+        seen = (wid, tuple(sorted((k, fields[k]) for k in bad)))
+        if seen not in self._reported_errors:  # once per distinct bad value, not every pass
+            self._reported_errors.add(seen)
+            self.state_errors["registration"] += 1
+            log.warning(
+                "worker %s: its registration %s is malformed (%s); the worker is not placed "
+                "until it joins again",
+                wid,
+                self.keys.worker(wid),
+                "; ".join(f"{k}={fields[k][:40]!r}: {why}" for k, why in bad.items()),
+            )
+        return {k: v for k, v in fields.items() if k not in bad and k != "joined_at"}
 
     def registrations(self, wids: list[str]) -> dict[str, dict[str, str]]:
         """The registration hashes of those of `wids` that joined, as written at their join:
