@@ -11,6 +11,7 @@ from pathlib import Path
 
 from controller.admission import AdmissionConfig, Quotas
 from controller.auth import Auth, refuse_without_admin
+from controller.pool_limits import PoolLimits
 from controller.retention import RetentionConfig
 from controller.scheduler import SchedulerConfig
 from controller.service import Controller, ControllerConfig
@@ -41,6 +42,12 @@ def _seconds(text: str) -> float:
 def _ranks(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r}: a quota is a number of ranks, 0 or more")
+    return int(text)
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of jobs, 0 or more")
     return int(text)
 
 
@@ -143,6 +150,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         help="OWNER=RANKS: most ranks OWNER's jobs may run at once; repeatable",
+    )
+    limits = PoolLimits()
+    ap.add_argument(
+        "--max-quarantine",
+        type=_seconds,
+        default=limits.max_quarantine_s,
+        help="the longest fault_tolerance.quarantine_s a non-admin spec may ask for, seconds "
+        f"(default {limits.max_quarantine_s:g}): quarantine keeps a shared worker from everyone",
+    )
+    ap.add_argument(
+        "--min-straggler-slowdown",
+        type=float,
+        default=limits.min_straggler_slowdown,
+        help="the lowest straggler.slowdown a non-admin spec may use with action replace "
+        f"(default {limits.min_straggler_slowdown:g})",
+    )
+    ap.add_argument(
+        "--min-straggler-window",
+        type=int,
+        default=limits.min_straggler_window_steps,
+        help="the fewest straggler.window_steps a non-admin spec may use with action replace "
+        f"(default {limits.min_straggler_window_steps})",
+    )
+    ap.add_argument(
+        "--max-pending-jobs",
+        type=_count,
+        default=limits.max_pending_jobs,
+        help="jobs one owner may have waiting to start; more get 429 (default "
+        f"{limits.max_pending_jobs}; 0: no cap)",
     )
     ap.add_argument(
         "--default-quota",
@@ -276,6 +312,12 @@ def main(argv: list[str] | None = None) -> int:
             tuple(args.data_root), tuple(args.checkpoint_root_allow), args.allow_chaos
         ),
         retention=RetentionConfig(args.job_retention, args.worker_retention, args.archive_dir),
+        pool_limits=PoolLimits(
+            args.max_quarantine,
+            args.min_straggler_slowdown,
+            args.min_straggler_window,
+            args.max_pending_jobs or None,
+        ),
     )
     try:
         ctl = Controller(cfg)

@@ -35,6 +35,7 @@ from controller.chaos_gate import chaos_refusal
 from controller.conditions import PHASES, TERMINAL
 from controller.discovery import worker_targets
 from controller.jobs import JOB_ID_RE, Job
+from controller.pool_limits import limit_problems, pending_problem
 from controller.service import Controller
 from controller.status import job_status, job_summary, workers_status
 from services import api
@@ -144,7 +145,7 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
         response_model=api.Submitted,
         responses={
             **denied,
-            **_errors(413, 415),
+            **_errors(413, 415, 429),
             200: {"model": api.Submitted, "description": "a retry: the Idempotency-Key's job"},
         },
         openapi_extra={
@@ -195,6 +196,15 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
             if no := chaos_refusal(spec, who, ctl.cfg.admission.allow_chaos):
                 problem = {"field": no.problem.field, "message": no.problem.message}
                 raise ApiError(no.status, no.detail, [problem])
+            limits = ctl.cfg.pool_limits
+            if over := limit_problems(spec, who, limits):
+                raise SpecError(over)
+            if not who.admin:
+                waiting = await run_in_threadpool(jobs.waiting_of, ctl.store, who.name)
+                if no_room := pending_problem(who.name, waiting, limits):
+                    raise ApiError(
+                        429, no_room.message, [{"field": no_room.field, "message": no_room.message}]
+                    )
             # what can never run here: paths outside the roots, over quota, beyond the pool;
             # a `parallel.auto` spec comes back with the planner's layout
             spec = await run_in_threadpool(

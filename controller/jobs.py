@@ -183,6 +183,20 @@ def new_job_id(name: str) -> str:
     return f"{name[:57]}-{secrets.token_hex(3)}"
 
 
+def waiting_of(store: Store, owner: str) -> int:
+    """How many of `owner`'s jobs wait to start (phase Pending, not cancelled): one round trip
+    over the open jobs, which the per-owner cap keeps few."""
+    jids = store.job_ids(open_only=True)
+    pipe = store.r.pipeline(transaction=False)
+    for jid in jids:
+        pipe.hmget(store.keys.job(jid), "owner", "phase", "cancel_requested")
+    return sum(
+        1
+        for who, phase, cancel in pipe.execute()
+        if who == owner and phase == "Pending" and not cancel
+    )
+
+
 IDEMPOTENCY_KEY_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 

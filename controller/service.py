@@ -19,6 +19,7 @@ from controller.availability import RedisAvailability
 from controller.lease import LeaseKeeper
 from controller.metrics import ControllerMetrics, Scraped
 from controller.pods import PodReplacer
+from controller.pool_limits import PoolLimits
 from controller.retention import Retention, RetentionConfig
 from controller.scheduler import Scheduler, SchedulerConfig
 from controller.wakeup import Wakeup
@@ -43,6 +44,7 @@ class ControllerConfig:
         AdmissionConfig()
     )  # data/checkpoint roots (controller/admission.py)
     retention: RetentionConfig = RetentionConfig()  # bounded state (controller/retention.py)
+    pool_limits: PoolLimits = PoolLimits()  # what a tenant's spec may ask (pool_limits.py)
 
 
 # A pass takes milliseconds to a few seconds (2 s at 16,384 ranks, bench/scale.py); one that

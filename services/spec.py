@@ -220,6 +220,11 @@ class CheckpointSpec(Strict):
     root: str | None = Field(default=None, min_length=1, max_length=4096)
 
 
+# An agent's beat blocks at most 1 s (0.5 s connect + 0.5 s reply, worker/agent/heartbeat.py)
+# and the next starts within heartbeat_s: silence under 1.5 s proves nothing.
+MIN_DEAD_AFTER_S = 1.5
+
+
 class StragglerSpec(Strict):
     slowdown: float = Field(default=1.5, gt=1, le=100)
     window_steps: int = Field(default=20, ge=1, le=10000)
@@ -228,7 +233,13 @@ class StragglerSpec(Strict):
 
 class FaultToleranceSpec(Strict):
     spares: int = Field(default=0, ge=0, le=MAX_WORLD)
-    heartbeat_s: float = Field(default=0.5, gt=0, le=60)
+    heartbeat_s: float = Field(
+        default=0.5,
+        ge=0.05,
+        le=60,
+        description="Seconds between an agent's heartbeats while it serves this job; faster "
+        "than 0.05 s only loads Redis (each beat is a round trip) without detecting sooner.",
+    )
     dead_after_s: float = Field(default=2.0, gt=0, le=3600)
     hang_after_s: float = Field(default=60.0, gt=0, le=86400)
     straggler: StragglerSpec = StragglerSpec()
@@ -547,11 +558,12 @@ def consistency_problems(s: JobSpec) -> list[Problem]:
     if t.warmup_steps > t.steps:
         bad("train.warmup_steps", f"warmup_steps ({t.warmup_steps}) exceeds steps ({t.steps})")
     ft = s.fault_tolerance
-    if ft.dead_after_s < 2 * ft.heartbeat_s:
+    if ft.dead_after_s < max(2 * ft.heartbeat_s, MIN_DEAD_AFTER_S):
         bad(
             "fault_tolerance.dead_after_s",
-            f"dead_after_s ({ft.dead_after_s}) must be at least "
-            f"2x heartbeat_s ({ft.heartbeat_s}) or one late beat kills a rank",
+            f"dead_after_s ({ft.dead_after_s}) must be at least 2x heartbeat_s "
+            f"({ft.heartbeat_s}) and at least {MIN_DEAD_AFTER_S}s (one beat may block 1 s on "
+            "a slow Redis before the next): a shorter one kills healthy ranks",
         )
     if ft.hang_after_s <= ft.dead_after_s:
         bad(
