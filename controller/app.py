@@ -121,7 +121,7 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
         return response
 
     def load_job(job_id: str) -> Job:
-        if not JOB_ID_RE.match(job_id):
+        if not JOB_ID_RE.fullmatch(job_id):
             raise ApiError(
                 422,
                 f"job id {job_id!r} is malformed",
@@ -179,7 +179,7 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
         422 lists every problem. The job's owner is the token's name. A spec with `chaos`
         (fault injection) needs an admin token (else 403) and a controller started with
         `--allow-chaos` (else 422)."""
-        if idempotency_key is not None and not jobs.IDEMPOTENCY_KEY_RE.match(idempotency_key):
+        if idempotency_key is not None and not jobs.IDEMPOTENCY_KEY_RE.fullmatch(idempotency_key):
             raise ApiError(
                 422,
                 "invalid Idempotency-Key header",
@@ -325,7 +325,7 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
         load_job(job_id)
         if after == "-":
             return {"events": ctl.store.events(job_id, after, limit)}
-        if not STREAM_ID_RE.match(after):
+        if not STREAM_ID_RE.fullmatch(after):
             raise ApiError(
                 422,
                 f"after={after!r} is not an event id",

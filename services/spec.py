@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 MAX_WORLD = 65536
 # Beyond any model this service could train (70b is the largest preset); a spec above it is a
@@ -129,8 +137,25 @@ class ModelSpec(Strict):
 DataSource = str  # "synthetic" | "text:PATH" | "tokens:PATH"
 
 
+def printable_path(text: str) -> str:
+    """`text` if it holds no NUL or other control character: a path with one cannot name a
+    file (the OS stops at NUL) and would reach logs and the mesh page as it is."""
+    bad = [c for c in text if ord(c) < 32 or ord(c) == 127]
+    if bad:
+        raise ValueError(
+            f"holds a control character ({bad[0]!r}); a path is printable text, give it "
+            "without NUL, newline or escape characters"
+        )
+    return text
+
+
+PathText = Annotated[str, AfterValidator(printable_path)]
+
+
 class DataSpec(Strict):
-    source: DataSource = Field(default="synthetic", max_length=4096)
+    source: Annotated[DataSource, AfterValidator(printable_path)] = Field(
+        default="synthetic", max_length=4096
+    )
     seed: int = Field(default=0, ge=0, lt=2**63)
     token_dtype: Literal["uint16", "uint32"] = "uint16"
 
@@ -217,7 +242,7 @@ class CheckpointSpec(Strict):
     every_steps: int = Field(default=50, gt=0, le=MAX_STEPS)
     keep: int = Field(default=3, ge=1, le=1000)
     mode: Literal["sync", "async"] = "async"
-    root: str | None = Field(default=None, min_length=1, max_length=4096)
+    root: PathText | None = Field(default=None, min_length=1, max_length=4096)
 
 
 # An agent's beat blocks at most 1 s (0.5 s connect + 0.5 s reply, worker/agent/heartbeat.py)
@@ -468,7 +493,7 @@ def consistency_problems(s: JobSpec) -> list[Problem]:
     def bad(field: str, msg: str) -> None:
         out.append(Problem(field, msg))
 
-    if not NAME_RE.match(s.name):
+    if not NAME_RE.fullmatch(s.name):
         bad(
             "name",
             f"{s.name!r} must be lowercase letters, digits and '-', starting and ending "

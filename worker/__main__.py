@@ -173,7 +173,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "give --controller URL (env MESHKEEPER_CONTROLLER) and the join token "
             "(--join-token-file F, env MESHKEEPER_JOIN_TOKEN or MESHKEEPER_JOIN_TOKEN_FILE)"
         )
-    if args.id and not WORKER_ID_RE.match(args.id):
+    if args.id and not WORKER_ID_RE.fullmatch(args.id):
         ap.error(
             f"--id {args.id!r}: use letters, digits, '.', '_' and '-' (at most 64, first a "
             "letter or digit)"
