@@ -18,7 +18,7 @@ import logging
 import time
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, HTTPException, Request, Security
+from fastapi import APIRouter, Depends, HTTPException, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
@@ -69,33 +69,36 @@ class Joined(BaseModel):
     id: str
 
 
+def join_token(request: Request, cred: HTTPAuthorizationCredentials | None = Security(bearer)):
+    """401 unless the bearer token is the agents' join token."""
+    if not request.app.state.auth.join_ok(cred.credentials if cred else None):
+        raise Denied(
+            401,
+            "POST /v1/agents/join needs the agents' join token as a bearer token "
+            "(agent flags --join-token-file or env MESHKEEPER_JOIN_TOKEN[_FILE]; "
+            "`meshkeeper up` writes {run-dir}/secrets/join-token)",
+            'Bearer realm="meshkeeper", error="invalid_token"',
+        )
+
+
 def router(ctl: Controller) -> APIRouter:
     r = APIRouter(tags=["workers"])
 
     @r.post(
         "/v1/agents/join",
         response_model=Joined,
+        # a dependency runs before the body is validated: an unauthenticated caller learns
+        # nothing of the request's schema
+        dependencies=[Depends(join_token)],
         responses={
             401: {"description": "no valid join token"},
             409: {"description": "a live agent holds this worker id"},
         },
     )
-    async def join(
-        body: JoinRequest,
-        request: Request,
-        cred: HTTPAuthorizationCredentials | None = Security(bearer),
-    ) -> dict:
+    async def join(body: JoinRequest, request: Request) -> dict:
         """Register a worker (Bearer: the join token). Re-joining with the same id replaces
         its registration and rotates its Redis password; while the id's agent lives, only with
         its `credential` (409 otherwise)."""
-        if not request.app.state.auth.join_ok(cred.credentials if cred else None):
-            raise Denied(
-                401,
-                "POST /v1/agents/join needs the agents' join token as a bearer token "
-                "(agent flags --join-token-file or env MESHKEEPER_JOIN_TOKEN[_FILE]; "
-                "`meshkeeper up` writes {run-dir}/secrets/join-token)",
-                'Bearer realm="meshkeeper", error="invalid_token"',
-            )
         peer = request.client.host if request.client else "?"
         held = await run_in_threadpool(ctl.store.held_elsewhere, body.id, body.credential, HOLD_S)
         if held is not None:

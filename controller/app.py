@@ -31,6 +31,7 @@ from starlette.routing import Match
 from controller import agents_api, history, jobs, plan_api, web
 from controller.admission import admit
 from controller.auth import ADMIN, METRICS, READ, SUBMIT, Auth, Denied, Principal, may_cancel
+from controller.body_limit import BodyLimit
 from controller.chaos_gate import chaos_refusal
 from controller.conditions import PHASES, TERMINAL
 from controller.discovery import worker_targets
@@ -93,6 +94,7 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
         "Every /v1 endpoint and /metrics needs a bearer token (docs/security.md).",
     )
     app.state.auth = auth  # the agents' join router checks the join token with it
+    app.add_middleware(BodyLimit, limit=MAX_BODY)
     _install_error_handlers(app)
     _install_openapi(app)
     alive_s = ctl.cfg.scheduler.worker_alive_s
@@ -424,8 +426,7 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 async def _read_json(request: Request) -> Any:
     """The body as JSON: only `application/json` (a cross-site form cannot send it without a
-    CORS preflight, which this API never grants), read as a stream and cut off at MAX_BODY,
-    nested at most MAX_DEPTH deep."""
+    CORS preflight, which this API never grants), nested at most MAX_DEPTH deep."""
     ctype = request.headers.get("content-type", "")
     if ctype.split(";")[0].strip().lower() != "application/json":
         raise ApiError(
@@ -433,14 +434,7 @@ async def _read_json(request: Request) -> Any:
             f"the body must be sent as Content-Type: application/json, not {ctype or 'none'!r}",
             [{"field": "header.content-type", "message": "use application/json"}],
         )
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY:
-        raise ApiError(413, f"the body is {declared} bytes; the limit is {MAX_BODY}")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY:
-            raise ApiError(413, f"the body is over the limit of {MAX_BODY} bytes")
+    body = await request.body()  # at most MAX_BODY: controller/body_limit.py
     try:
         data = json.loads(body)
     except RecursionError:

@@ -99,14 +99,15 @@ def test_a_spec_at_the_depth_limit_is_judged_as_a_spec(http):
     assert [p["field"] for p in doc["problems"]] == ["colour"]
 
 
-def test_a_declared_oversized_body_is_refused_unread(api):
-    """Only the headers are sent: the answer comes without waiting for the promised bytes."""
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/agents/join", "/v1/plan"])
+def test_a_declared_oversized_body_is_refused_unread(api, path):
+    """Only the headers are sent, with no token (50 MB promised): the answer comes without
+    waiting for the promised bytes, on every route that takes a body."""
     host, port = api.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(
-            f"POST /v1/jobs HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {api.secrets.admin_token}\r\n"
-            f"Content-Length: {MAX_BODY + 1}\r\n\r\n".encode()
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {50 * MAX_BODY}\r\n\r\n".encode()
         )
         answer = b""
         while not answer.endswith(b"}") and (chunk := sock.recv(65536)):
@@ -115,14 +116,22 @@ def test_a_declared_oversized_body_is_refused_unread(api):
     assert f"limit is {MAX_BODY}".encode() in answer
 
 
-def test_a_streamed_oversized_body_is_cut_off(http):
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/agents/join", "/v1/plan"])
+def test_a_streamed_oversized_body_is_cut_off(http, path):
     """Chunked, with no Content-Length: the limit holds while the body streams in."""
 
     def chunks():
         for _ in range(4 * MAX_BODY // 65536):
             yield b" " * 65536
 
-    refused(http.post("/v1/jobs", content=chunks(), headers=JSON), 413, "over the limit")
+    refused(http.post(path, content=chunks(), headers=JSON), 413, "over the limit")
+
+
+def test_an_unauthenticated_join_learns_nothing_of_the_schema(api):
+    """The token is checked before the body is validated: 401, not 422 with the fields."""
+    r = httpx.post(api.url + "/v1/agents/join", json={"id": "x"}, timeout=10)
+    assert r.status_code == 401, r.text
+    assert "devices" not in r.text and "memory_bytes" not in r.text, r.text
 
 
 @pytest.fixture(scope="module")
