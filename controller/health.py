@@ -208,10 +208,13 @@ def collateral_only(
         first = min(_num(r.exited_at, now) for r in failed)
         if any(seen.get(r.worker, float("-inf")) < first for r in ranks):
             return []
-    return [
-        fault("TrainerFailed", r, _num(r.exited_at, now), f"trainer exited with code {r.exit_code}")
-        for r in failed
-    ]
+    return [fault("TrainerFailed", r, _num(r.exited_at, now), exited(r)) for r in failed]
+
+
+def exited(r: RankStatus) -> str:
+    """'trainer exited with code N', and the last line of its log (the exception, usually)."""
+    last = (r.error or "").strip().rpartition("\n")[2]
+    return f"trainer exited with code {r.exit_code}" + (f": {last[:300]}" if last else "")
 
 
 def hung(ranks: list[RankStatus], hang_after_s: float, now: float) -> list[FaultRecord]:

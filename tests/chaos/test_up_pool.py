@@ -127,3 +127,23 @@ def test_agent_killed_with_its_trainers_is_replaced_by_a_fresh_spare(up, uninter
     assert [(x.id, x.state, x.job) for x in fresh] == [(f"w{len(before)}", "idle", None)], fresh
     assert f"{victim.worker} exited (code -9)" in up.log.read_text(), up.logs()
     assert up.proc.poll() is None, up.logs()  # the stack lives on
+
+
+def test_a_failed_ranks_own_words_reach_the_jobs_status(up):
+    """A trainer that exits 2 (its token file is too short for one sample) fails the job;
+    the job's status carries what the trainer printed before it died (the tail of its log,
+    read by its agent), not only where that log lies on the worker."""
+    short = up.work / "data" / "short.bin"
+    short.write_bytes(b"abcd")  # 2 uint16 tokens
+    spec = mesh_spec("short-data", parallel={"dp": 1}, spares=0) | {
+        "data": {"source": f"tokens:{short}"}
+    }
+    jid = up.client.submit(spec).id
+    j = wait_until(
+        lambda: (j := up.client.job(jid)).phase in ("Failed", "Succeeded") and j, 120, "the end"
+    )
+    assert j.phase == "Failed", j.conditions
+    said = "data.source: the file holds 2 tokens, fewer than seq_len+1"
+    assert said in j.condition("Failed").message, j.condition("Failed")
+    [r] = j.mesh.ranks
+    assert r.exit_code == 2 and said in (r.error or ""), r

@@ -53,6 +53,7 @@ class RankProcess:
     busy: bool | None = None  # burned most of a core over the last BUSY_WINDOW_S
     memory: MemoryWatch = field(default_factory=MemoryWatch)
     oom: dict[str, Any] | None = None  # set once, when the exit is classified as an OOM kill
+    error: str | None = None  # a failed trainer's last words: the tail of its log
     _cpu: deque[tuple[float, float]] = field(default_factory=deque)  # (monotonic, cpu seconds)
 
     def __post_init__(self) -> None:
@@ -110,6 +111,8 @@ class RankProcess:
     def ended(self, code: int | None, state: str, at: float | None = None) -> None:
         """The trainer exited (`at`: when the agent saw it) or was stopped (no `at`)."""
         self.exit_code, self.exited_at, self.progress.state = code, at, state
+        if state == "failed":
+            self.error = log_tail(self.log)
         if self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None
@@ -127,6 +130,7 @@ class RankProcess:
             pid=self.proc.pid,
             exit_code=self.exit_code,
             log=str(self.log),
+            error=self.error,
             exited_at=self.exited_at,
             proc_state=self.proc_state,
             coll_entered=c[0] if c else None,
@@ -135,3 +139,22 @@ class RankProcess:
             peak_rss=self.memory.peak or None,
             oom=self.oom,
         )
+
+
+ERROR_TAIL_BYTES = 2048  # a traceback's last frames and its exception line
+
+
+def log_tail(path: Path, limit: int = ERROR_TAIL_BYTES) -> str | None:
+    """The last whole lines of a trainer's log within `limit` bytes (its traceback, when it
+    died of one), so the job's status and events say why without a login on the worker."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            data = f.read()
+    except OSError:
+        return None
+    if size > limit and b"\n" in data:  # drop the cut first line
+        data = data.split(b"\n", 1)[1]
+    return data.decode(errors="replace").strip() or None
