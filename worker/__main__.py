@@ -91,8 +91,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--host-name",
-        default=env("MESHKEEPER_HOST_NAME", socket.gethostname()),
-        help="the host this worker runs on; TP groups stay on one host",
+        # on Kubernetes the node (the downward API's spec.nodeName, which the chart sets),
+        # not the pod's hostname: two pods of one node share its NVLink and its fate
+        default=env("MESHKEEPER_HOST_NAME") or env("MESHKEEPER_NODE_NAME") or socket.gethostname(),
+        help="the host this worker runs on: TP groups stay on one host, buddy copies go to "
+        "another (env MESHKEEPER_HOST_NAME, else MESHKEEPER_NODE_NAME, else the hostname)",
     )
     ap.add_argument(
         "--address",
