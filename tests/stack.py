@@ -370,14 +370,17 @@ class Stack:
         redis_kind: type = RedisServer,
         hosts: bool = False,
         devices: int = 1,
+        shared_checkpoints: bool = True,
     ):
         """`workers` agents and Redis as `redis_kind(dir, secrets)` builds it: one server, or
         a master, its replica and Sentinels (tests/sentinel_redis.py) that every part reaches
         by a redis+sentinel:// URL. With `hosts`, each agent runs as on a host of its own:
         its own host name, and memory of its own (bench/common.py, `own_memory`), which dies
         with it (`kill_host`). Each agent holds `devices` ranks (`--devices`), as one agent
-        per GPU node does."""
+        per GPU node does. Without `shared_checkpoints` each agent checkpoints to a root of
+        its own, as on node-local disks."""
         self.work, self.workers, self.hosts, self.devices = work, workers, hosts, devices
+        self.shared_checkpoints = shared_checkpoints
         self.secrets = TestSecrets.create(work / "secrets")
         self.redis = redis_kind(work / "redis", self.secrets)
         self.redis.work.mkdir(parents=True)
@@ -421,6 +424,8 @@ class Stack:
         argv = [*agent_argv(self.controller.url, self.secrets, wid, self.work, port), *via]
         if self.devices > 1:
             argv += ["--devices", str(self.devices)]
+        if not self.shared_checkpoints:  # the last --checkpoint-root given wins
+            argv += ["--checkpoint-root", str(self.work / "checkpoints" / wid)]
         if self.hosts:
             argv = own_memory([*argv, "--host-name", f"host-{wid}"])
         return Proc(f"agent-{wid}", argv, self.work / "logs", {**ENV, CHAOS_ENV: "1"})

@@ -42,6 +42,7 @@ from worker.trainer.snapshot import Snapshotter
 from worker.trainer.snapshot_restore import restore_from_memory
 from worker.trainer.spot_check import SpotCheck
 from worker.trainer.step import NonFiniteError, StepResult, Trainer
+from worker.trainer.storage_check import StorageNotShared, check_shared
 from worker.trainer.train_state import DataStream, ResumeRefused
 
 
@@ -244,6 +245,8 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         ckpt = make_checkpointer(args, spec, trainer, metrics)
+        if ckpt is not None:
+            check_shared(ckpt.store.dir)  # at start, never only at the first commit
         plan = (
             SnapshotPlan.from_json(json.loads(Path(args.snapshot_plan).read_text()))
             if args.snapshot_plan
@@ -382,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         return run(args)
-    except (SpecError, DataError) as e:
+    except (SpecError, DataError, StorageNotShared) as e:
         print(f"meshkeeper: {e}", file=sys.stderr)
         return 2
     except ResumeRefused as e:
