@@ -8,14 +8,20 @@ one, R's recovery the other, and P must wait, not get the worker R just took."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
+from controller.availability import RedisAvailability
 from controller.jobs import Job, submit
 from controller.scheduler import Scheduler, SchedulerConfig
 from services.assignment import Assignment
 from services.spec import parse_spec
 from services.store import Store
 from services.tokens import new_token
+from tests.stack import wait_until
+
+DEAD_AFTER_S = 1.5  # the spec's floor: the test waits this long for Redis to be steady
 
 
 @pytest.fixture
@@ -61,7 +67,12 @@ def tiny_job(store: Store, name: str, dp: int = 1, **fault_tolerance) -> str:
         "model": {"preset": "tiny"},
         "parallel": {"dp": dp},
         "train": {"steps": 100, "global_batch": 2 * dp},
-        "fault_tolerance": {"spares": 0, "min_dp": 1, **fault_tolerance},
+        "fault_tolerance": {
+            "spares": 0,
+            "min_dp": 1,
+            "dead_after_s": DEAD_AFTER_S,
+            **fault_tolerance,
+        },
     }
     return submit(store, parse_spec(spec), owner="tester")[0]
 
@@ -81,8 +92,20 @@ def owners(store: Store, jids: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def test_pending_jobs_and_a_recovery_in_one_pass_never_share_a_worker(store):
-    sched = Scheduler(store, SchedulerConfig(worker_alive_s=30), "ctl")
+@pytest.fixture
+def availability(store):
+    """Redis as the controller's watcher thread sees it (controller/availability.py): silence
+    is judged only once Redis has been steadily available for a job's dead_after_s."""
+    seen, stop = RedisAvailability(), threading.Event()
+    watcher = threading.Thread(target=seen.watch, args=(store, stop), daemon=True)
+    watcher.start()
+    yield seen
+    stop.set()
+    watcher.join(5)
+
+
+def test_pending_jobs_and_a_recovery_in_one_pass_never_share_a_worker(store, availability):
+    sched = Scheduler(store, SchedulerConfig(worker_alive_s=30), "ctl", availability=availability)
     lease = store.acquire_lease("ctl", ttl_s=60)
     for wid in ("w1", "w2"):
         agent_up(store, wid)
@@ -90,17 +113,19 @@ def test_pending_jobs_and_a_recovery_in_one_pass_never_share_a_worker(store):
     sched.run_once(lease)  # a on w1, r on w2
     assert owners(store, [a, r]) == {"w1": [a], "w2": [r]}
 
-    # a's trainer is killed while no worker is idle: no spare, dp already 1, so a waits for
-    # capacity and releases w1, whose agent lives on and is idle again.
+    # a's worker goes silent (its host died) while no other worker is idle: no spare, dp
+    # already 1, so a waits for capacity and releases w1. (A killed trainer whose agent lives
+    # would restart in place instead.)
     for wid in ("w1", "w2"):
         agent_up(store, wid, state="busy")
-    trainer_killed(store, "w1", a, 1)
+    store.r.zadd(store.keys.workers_seen(), {"w1": store.now() - 60})
+    wait_until(lambda: availability.steady(DEAD_AFTER_S), 10, "Redis to be judged steady")
     sched.run_once(lease)
     assert job(store, a).awaiting_capacity
     assert not store.worker_assignment("w1")
 
-    # The pass under test: a (pending again), r (its trainer killed now), p (new), and two
-    # idle workers: w1 and w3.
+    # The pass under test: a (pending again), r (its trainer killed now: its one-rank
+    # worker moves to an idle one), p (new), and two idle workers: w1 (back) and w3.
     trainer_killed(store, "w2", r, 1)
     agent_up(store, "w1")
     agent_up(store, "w2", state="busy")
