@@ -34,6 +34,7 @@ checkpoints) is the stack owner's alone.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import shutil
 import signal
@@ -58,6 +59,7 @@ from services.procs import die_with_parent, free_port, stop_all
 from services.redis_url import with_credentials
 from services.secrets import write_secret
 from services.store import Store, acl_file, wait_for_redis
+from worker.snapshots import DEFAULT_ROOT as DEFAULT_SNAPSHOT_ROOT
 
 
 class StackError(RuntimeError):
@@ -144,6 +146,15 @@ def redis_argv(exe: str, port: int, data_dir: Path) -> list[str]:
         "--aclfile",
         str(data_dir / "users.acl"),
     ]
+
+
+def snapshot_root(run_dir: Path) -> Path:
+    """Host memory of one stack's own (its agents' --snapshot-dir), the same across restarts of
+    that stack: every stack names its workers w0, w1, ..., and an agent prunes what is not its
+    own under its root, so two stacks on one host sharing /dev/shm/meshkeeper/w0 deleted each
+    other's snapshots."""
+    digest = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:12]
+    return DEFAULT_SNAPSHOT_ROOT / f"up-{digest}"
 
 
 def private_child(parent: int) -> None:
@@ -266,6 +277,8 @@ class LocalStack:
             str(ckpt),
             "--data-root",
             str(data),
+            "--snapshot-dir",
+            str(snapshot_root(self.cfg.run_dir)),
         ]
         self._spawn(f"worker-{wid}", argv)
 

@@ -8,15 +8,18 @@ The chaos suite's one `up --workers 3` (tests/chaos/conftest.py) serves both tes
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 
 import httpx
+import psutil
 import pytest
 import yaml
 
-from services.procs import free_port
+from cli.local_stack import snapshot_root
+from services.procs import descendants, free_port
 from tests.chaos.chaos import (
     assert_curve,
     at_step,
@@ -147,3 +150,21 @@ def test_a_failed_ranks_own_words_reach_the_jobs_status(up):
     assert said in j.condition("Failed").message, j.condition("Failed")
     [r] = j.mesh.ranks
     assert r.exit_code == 2 and said in (r.error or ""), r
+
+
+def test_each_up_keeps_its_snapshots_in_host_memory_of_its_own(up, tmp_path):
+    """Two stacks on one host name their workers alike (w0, w1, ...) and an agent prunes what
+    is not its own under its snapshot root: each stack's agents get a root of their own."""
+
+    def cmdline(pid: int) -> list[str]:
+        with contextlib.suppress(psutil.Error):  # a trainer exiting meanwhile
+            return psutil.Process(pid).cmdline()
+        return []
+
+    agents = [
+        argv for pid in descendants(up.proc.pid) if (argv := cmdline(pid))[1:3] == ["-m", "worker"]
+    ]
+    assert len(agents) == UP_WORKERS, agents
+    roots = {argv[argv.index("--snapshot-dir") + 1] for argv in agents}
+    assert roots == {str(snapshot_root(up.work))}, roots
+    assert snapshot_root(tmp_path / "another-run") != snapshot_root(up.work)
