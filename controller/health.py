@@ -65,8 +65,13 @@ def dead_or_killed(
     for r in ranks:
         # SIGABRT: the process ended itself (the NCCL watchdog's abort): controller/aborts.py
         aborted = r.exit_code == -signal.SIGABRT
-        last_beat = seen.get(r.worker, 0.0) if seen is not None else now
-        if r.state != "succeeded" and now - last_beat > dead_after_s:
+        last_beat = seen.get(r.worker) if seen is not None else now
+        if r.state != "succeeded" and last_beat is None:
+            # no beat at all: its agent deregistered (a clean stop removes its beat). It left
+            # when its ranks last reported, not at the epoch.
+            left = r.exited_at or r.progress_at or now
+            out.append(fault("WorkerDead", r, left, f"worker {r.worker} stopped (deregistered)"))
+        elif r.state != "succeeded" and now - last_beat > dead_after_s:
             out.append(
                 fault(
                     "WorkerDead",
