@@ -135,7 +135,8 @@ def test_agent_killed_with_its_trainers_is_replaced_by_a_fresh_spare(up, uninter
 def test_a_failed_ranks_own_words_reach_the_jobs_status(up):
     """A trainer that exits 2 (its token file is too short for one sample) fails the job;
     the job's status carries what the trainer printed before it died (the tail of its log,
-    read by its agent), not only where that log lies on the worker."""
+    read by its agent), not only where that log lies on the worker, and the agent's own
+    output carries every line the trainer printed."""
     short = up.work / "data" / "short.bin"
     short.write_bytes(b"abcd")  # 2 uint16 tokens
     spec = mesh_spec("short-data", parallel={"dp": 1}, spares=0) | {
@@ -150,6 +151,10 @@ def test_a_failed_ranks_own_words_reach_the_jobs_status(up):
     assert said in j.condition("Failed").message, j.condition("Failed")
     [r] = j.mesh.ranks
     assert r.exit_code == 2 and said in (r.error or ""), r
+    # and on its agent's own output, prefixed, as `kubectl logs` would show it
+    agent_log = up.work / "logs" / f"worker-{r.worker}.log"
+    echoed = f"[{jid} g1 rank 0] meshkeeper: {said}"
+    wait_until(lambda: echoed in agent_log.read_text(), 10, f"{echoed!r} in {agent_log}")
 
 
 def test_each_up_keeps_its_snapshots_in_host_memory_of_its_own(up, tmp_path):

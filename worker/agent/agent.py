@@ -19,6 +19,7 @@ import logging
 import os
 import select
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -515,6 +516,7 @@ class Agent:
             code = p.proc.poll()  # read before tailing, so no line written before exit is lost
             if code is None and p.poll_state():
                 self._dirty = True
+            echo(run.job, run.generation, p)
             for line in p.read():
                 self._dirty = True
                 failing = p.progress.snapshot_error
@@ -661,3 +663,14 @@ def default_address() -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
+
+
+def echo(job: str, generation: int, p: RankProcess) -> None:
+    """The trainer's output on the agent's own stdout too, each line prefixed with its job,
+    generation and rank: on Kubernetes `kubectl logs` shows the agent's stream only, and the
+    rank's log file dies with the pod."""
+    lines = p.new_log_lines()
+    if lines:
+        prefix = f"[{job} g{generation} rank {p.rank}] "
+        sys.stdout.write("".join(f"{prefix}{line}\n" for line in lines))
+        sys.stdout.flush()

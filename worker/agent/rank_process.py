@@ -22,6 +22,8 @@ from worker.agent.rank_progress import RankProgress
 from worker.progress import counters_path, read_counters
 
 BUSY_WINDOW_S = 2.0
+ERROR_TAIL_BYTES = 2048  # a traceback's last frames and its exception line
+LOG_ECHO_BYTES = 1 << 18  # of a rank's log echoed per agent tick: a chatty rank cannot stall it
 # Reports keep the kernel's one-letter states (R, S, D, T...: services/assignment.py,
 # controller/health.py); psutil names them.
 PROC_STATES = {
@@ -54,6 +56,7 @@ class RankProcess:
     memory: MemoryWatch = field(default_factory=MemoryWatch)
     oom: dict[str, Any] | None = None  # set once, when the exit is classified as an OOM kill
     error: str | None = None  # a failed trainer's last words: the tail of its log
+    _echoed: int = 0  # bytes of the log already echoed (`new_log_lines`)
     _cpu: deque[tuple[float, float]] = field(default_factory=deque)  # (monotonic, cpu seconds)
 
     def __post_init__(self) -> None:
@@ -76,6 +79,21 @@ class RankProcess:
     def read(self) -> list[TrainerLine]:
         """The trainer's new metrics lines."""
         return self.tail.read()
+
+    def new_log_lines(self, limit: int = LOG_ECHO_BYTES) -> list[str]:
+        """Whole lines the trainer wrote to its log since the last call, at most `limit`
+        bytes of them a call (a partial last line waits for its newline)."""
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(self._echoed)
+                data = f.read(limit)
+        except OSError:
+            return []
+        whole = data[: data.rfind(b"\n") + 1]
+        if not whole and len(data) == limit:  # one line longer than the limit: cut it
+            whole = data
+        self._echoed += len(whole)
+        return whole.decode(errors="replace").splitlines()
 
     def poll_state(self) -> bool:
         """Re-read the process's scheduler state (R, S, D, T...), CPU use, collective counters
@@ -139,9 +157,6 @@ class RankProcess:
             peak_rss=self.memory.peak or None,
             oom=self.oom,
         )
-
-
-ERROR_TAIL_BYTES = 2048  # a traceback's last frames and its exception line
 
 
 def log_tail(path: Path, limit: int = ERROR_TAIL_BYTES) -> str | None:
