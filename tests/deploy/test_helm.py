@@ -99,16 +99,60 @@ def test_workers_have_a_startup_probe_and_never_a_liveness_probe(case):
 
 
 def test_gpu_values_reach_the_worker_pod():
+    """The GPU example is one pod per node with all its GPUs (NVLink only joins GPUs inside
+    one container), RDMA-capable, with a dataset mounted and no surge on a full pool."""
     objs = objects(CASES["gpu-values.yaml"])
     worker = one(objs, "Deployment", "-worker")
     pod, c = worker["spec"]["template"]["spec"], container(worker)
-    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 8 and "--devices=8" in c["args"]
     assert c["image"].endswith("-cuda")
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
-    assert "nvidia.com/gpu" not in str(
-        container(one(objects(), "Deployment", "-worker"))["resources"]
-    )
+    anti = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert anti[0]["topologyKey"] == "kubernetes.io/hostname"
+    assert worker["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["MESHKEEPER_DATA_ROOTS"] == "/datasets" and env["NCCL_IB_HCA"] == "mlx5"
+    ctl_env = {
+        e["name"]: e.get("value") for e in container(one(objs, "Deployment", "-controller"))["env"]
+    }
+    assert ctl_env["MESHKEEPER_DATA_ROOTS"] == "/datasets"
+    assert {"name": "datasets", "mountPath": "/datasets", "readOnly": True} in c["volumeMounts"]
+    default = container(one(objects(), "Deployment", "-worker"))
+    assert "nvidia.com/gpu" not in str(default["resources"])
+    assert "add" not in default["securityContext"]["capabilities"]
+
+
+def test_snapshots_get_a_memory_volume_of_their_own():
+    worker = one(objects(), "Deployment", "-worker")
+    pod, c = worker["spec"]["template"]["spec"], container(worker)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["snapshots"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "4Gi"}
+    assert volumes["dshm"]["emptyDir"]["sizeLimit"] == "1Gi"  # NCCL's, apart
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["MESHKEEPER_SNAPSHOT_DIR"] == mounts["snapshots"]
+
+
+@pytest.mark.parametrize(
+    ("shm", "snapshots", "limit"), [("1Gi", "7Gi", "8Gi"), ("16Gi", "40Gi", "64Gi")]
+)
+def test_memory_volumes_that_crowd_out_the_trainers_fail_the_render_naming_the_fix(
+    shm, snapshots, limit
+):
+    values = {
+        "worker": {
+            "shmSize": shm,
+            "snapshots": {"size": snapshots},
+            "resources": {"limits": {"memory": limit}},
+        }
+    }
+    with pytest.raises(dt.helm().HelmRenderError, match="Raise resources.limits.memory"):
+        dt.render(values)
+    values["worker"]["resources"]["limits"]["memory"] = "128Gi"  # room enough: renders
+    assert one([d for t in dt.render(values).values() for d in dt.docs(t)], "Deployment", "-worker")
 
 
 def test_rbac_is_namespaced_and_minimal():

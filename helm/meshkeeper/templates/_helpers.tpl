@@ -241,3 +241,31 @@ acl_file (test_helm_sentinel.py checks they agree). */}}
 {{ include "meshkeeper.authEnv" (dict "ctx" . "name" "DISCOVER_PASSWORD" "key" "redis-sentinel-password") }}
 {{ include "meshkeeper.authEnv" (dict "ctx" . "name" "PEER_PASSWORD" "key" "redis-sentinel-peer-password") }}
 {{- end }}
+
+{{/* A Kubernetes quantity ("16Gi", "500M", "1073741824", 2e9) in bytes, as an int64. */}}
+{{- define "meshkeeper.bytes" -}}
+{{- $q := toString . }}
+{{- $units := dict "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 "k" 1000 "K" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 }}
+{{- $unit := regexFind "[A-Za-z]+$" $q }}
+{{- $number := trimSuffix $unit $q }}
+{{- if and $unit (not (hasKey $units $unit)) }}
+{{- fail (printf "%q is not a Kubernetes quantity this chart reads: use Ki, Mi, Gi, Ti, k, M, G or T" $q) }}
+{{- end }}
+{{- mulf (float64 $number) (get $units $unit | default 1) | int64 }}
+{{- end }}
+
+{{/*
+The worker's memory-backed volumes (/dev/shm and the snapshots') count against its memory limit:
+a render whose volumes leave the trainers less than a quarter of it fails, naming the fix.
+*/}}
+{{- define "meshkeeper.checkWorkerMemory" -}}
+{{- $w := .Values.worker }}
+{{- $limit := dig "limits" "memory" "" $w.resources }}
+{{- if $limit }}
+{{- $volumes := add (include "meshkeeper.bytes" $w.shmSize | int64) (include "meshkeeper.bytes" $w.snapshots.size | int64) }}
+{{- $max := include "meshkeeper.bytes" $limit | int64 }}
+{{- if gt (mul $volumes 4) (mul $max 3) }}
+{{- fail (printf "worker.shmSize (%v) + worker.snapshots.size (%v) leave less than a quarter of worker.resources.limits.memory (%v) to the trainers: memory-backed volumes count against the pod's limit. Raise resources.limits.memory, or lower snapshots.size (hot recovery then keeps fewer slots) or shmSize" $w.shmSize $w.snapshots.size $limit) }}
+{{- end }}
+{{- end }}
+{{- end }}
