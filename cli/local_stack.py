@@ -55,11 +55,11 @@ from tenacity import (
 
 from cli.secrets import LocalSecrets
 from services.client import ApiError, Client
+from services.paths import SNAPSHOT_ROOT
 from services.procs import die_with_parent, free_port, stop_all
 from services.redis_url import with_credentials
 from services.secrets import write_secret
 from services.store import Store, acl_file, wait_for_redis
-from worker.snapshots import DEFAULT_ROOT as DEFAULT_SNAPSHOT_ROOT
 
 
 class StackError(RuntimeError):
@@ -154,7 +154,7 @@ def snapshot_root(run_dir: Path) -> Path:
     own under its root, so two stacks on one host sharing /dev/shm/meshkeeper/w0 deleted each
     other's snapshots."""
     digest = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:12]
-    return DEFAULT_SNAPSHOT_ROOT / f"up-{digest}"
+    return SNAPSHOT_ROOT / f"up-{digest}"
 
 
 def private_child(parent: int) -> None:

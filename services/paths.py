@@ -19,6 +19,10 @@ from pathlib import Path
 
 from services.spec import Problem, SpecError
 
+# Where agents keep hot recovery's in-memory snapshots by default (their --snapshot-dir): host
+# memory on Linux. Here, not in worker/, so `meshkeeper up` (cli/) can give each stack its own.
+SNAPSHOT_ROOT = Path("/dev/shm/meshkeeper")
+
 
 class PathRefused(ValueError):
     pass

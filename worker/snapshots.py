@@ -33,7 +33,6 @@ from pathlib import Path
 
 import orjson
 
-DEFAULT_ROOT = Path("/dev/shm/meshkeeper")
 STAMP_BYTES = 8  # an image's first bytes: its manifest's id
 HEADER_BYTES = 64  # the stamp, padded to a cache line: the first tensor starts after it
 
