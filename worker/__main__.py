@@ -24,13 +24,13 @@ from pathlib import Path
 import psutil
 import redis
 
+from services.paths import SNAPSHOT_ROOT as DEFAULT_SNAPSHOT_ROOT
 from services.store import WORKER_ID_RE, Store, wait_for_redis
 from services.tokens import TokenError, read_token
 from worker.agent.agent import Agent, AgentConfig, default_address
 from worker.agent.joining import Credentials, Joiner, Rejoin, via
 from worker.agent.metrics_endpoint import AgentMetrics
 from worker.devices import discover
-from worker.snapshots import DEFAULT_ROOT as DEFAULT_SNAPSHOT_ROOT
 
 log = logging.getLogger("meshkeeper.agent")
 

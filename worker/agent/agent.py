@@ -30,6 +30,7 @@ import redis
 from pydantic import ValidationError
 
 from services.assignment import Assignment
+from services.paths import SNAPSHOT_ROOT as DEFAULT_SNAPSHOT_ROOT
 from services.paths import confine_spec
 from services.procs import stop_all
 from services.records import RankReport
@@ -48,7 +49,6 @@ from worker.agent.run_dirs import prune_run_dirs
 from worker.agent.zygote import MEMORY_GROUP_ENV
 from worker.ckpt_store import Pointer, remove_checkpoints
 from worker.devices import device_indices
-from worker.snapshots import DEFAULT_ROOT as DEFAULT_SNAPSHOT_ROOT
 from worker.snapshots import SnapshotPlan, prune_generations, remove_tree
 
 log = logging.getLogger("meshkeeper.agent")
