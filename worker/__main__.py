@@ -286,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    wid = args.id or f"{args.host_name}-{secrets.token_hex(2)}"
+    # a node name may be 253 characters; an id is at most 64 (it goes into ACL key patterns)
+    wid = args.id or f"{args.host_name[:59]}-{secrets.token_hex(2)}"
     cfg = AgentConfig(
         wid=wid,
         host=args.host_name,
