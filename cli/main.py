@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
-from cli import plan, render
+from cli import logs, plan, render
 from cli.demo import run_demo
 from cli.local_stack import LocalStack, StackConfig, StackError, wait_ready
 from cli.watch import TERMINAL, watch
@@ -236,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("workers", help="the worker pool")
     p.set_defaults(fn=cmd_workers)
     plan.add_parser(sub)
+    logs.add_parser(sub)
     p = sub.add_parser("ready", help="wait for the controller and N workers (for scripts)")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--timeout", type=float, default=60)

@@ -325,24 +325,36 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     ) -> dict:
         load_job(job_id)
-        if after == "-":
-            return {"events": ctl.store.events(job_id, after, limit)}
-        if not STREAM_ID_RE.fullmatch(after):
-            raise ApiError(
-                422,
-                f"after={after!r} is not an event id",
-                [
-                    {
-                        "field": "query.after",
-                        "message": "use an event 'id' from an earlier "
-                        "answer (like 1700000000000-0), or omit it",
-                    }
-                ],
-            )
-        ms, seq = (int(x) for x in after.split("-"))
-        if ms > MAX_STREAM_PART or (ms == MAX_STREAM_PART and seq >= MAX_STREAM_PART):
-            return {"events": []}  # nothing can follow (and Redis refuses such a bound)
-        return {"events": ctl.store.events(job_id, f"{ms}-{min(seq, MAX_STREAM_PART)}", limit)}
+        start = stream_cursor(after, "an event")
+        return {"events": ctl.store.events(job_id, start, limit) if start else []}
+
+    @app.get(
+        "/v1/jobs/{job_id}/logs",
+        tags=["jobs"],
+        response_model=api.LogList,
+        responses=denied,
+        dependencies=[reader],
+    )
+    def job_logs(
+        job_id: JobId,
+        after: Annotated[
+            str,
+            Query(
+                description="the id of the last line already seen, or '-' for the oldest kept",
+                json_schema_extra={"pattern": f"^(-|{STREAM_ID_RE.pattern[1:-1]})$"},
+            ),
+        ] = "-",
+        limit: Annotated[int, Query(ge=1, le=5000)] = 100,
+        rank: Annotated[int | None, Query(ge=0, description="only this rank's lines")] = None,
+        newest: Annotated[bool, Query(description="the newest `limit` lines instead")] = False,
+    ) -> dict:
+        """What the job's trainers printed (every generation's; at most the newest 20,000
+        lines are kept: a rank's whole log stays in its file on its worker)."""
+        load_job(job_id)
+        start = stream_cursor(after, "a log line")
+        if start is None:
+            return {"lines": []}
+        return {"lines": ctl.store.log_lines(job_id, start, limit, rank, newest)}
 
     @app.get(
         "/v1/jobs/{job_id}/history",
@@ -422,6 +434,29 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI `responses` entries: each status answers the Error document."""
     return {status: {"model": api.Error} for status in statuses}
+
+
+def stream_cursor(after: str, what: str) -> str | None:
+    """A read cursor into a stream from `after` ('-' or an id from an earlier answer); None
+    when nothing can follow it (Redis refuses a bound past its last possible id)."""
+    if after == "-":
+        return after
+    if not STREAM_ID_RE.fullmatch(after):
+        raise ApiError(
+            422,
+            f"after={after!r} is not {what} id",
+            [
+                {
+                    "field": "query.after",
+                    "message": f"use {what} 'id' from an earlier answer (like "
+                    "1700000000000-0), or omit it",
+                }
+            ],
+        )
+    ms, seq = (int(x) for x in after.split("-"))
+    if ms > MAX_STREAM_PART or (ms == MAX_STREAM_PART and seq >= MAX_STREAM_PART):
+        return None
+    return f"{ms}-{min(seq, MAX_STREAM_PART)}"
 
 
 async def _read_json(request: Request) -> Any:

@@ -147,6 +147,17 @@ class EventList(Doc):
     events: list[Event]
 
 
+class LogLine(Doc):
+    id: str = Field(description="its stream id: pass it as `after` to read on from there")
+    rank: int
+    generation: int
+    line: str
+
+
+class LogList(Doc):
+    lines: list[LogLine]
+
+
 class Worker(Doc):
     id: str
     host: str | None = None

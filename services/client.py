@@ -105,6 +105,14 @@ class Client:
             params={"after": after, "limit": limit},
         ).events
 
+    def logs(
+        self, job_id: str, after: str = "-", limit: int = 100, rank: int | None = None, newest=False
+    ) -> list[api.LogLine]:
+        params = {"after": after, "limit": limit, "newest": newest}
+        if rank is not None:
+            params["rank"] = rank
+        return self._call("GET", f"/v1/jobs/{job_id}/logs", api.LogList, params=params).lines
+
     def workers(self) -> list[api.Worker]:
         return self._call("GET", "/v1/workers", api.WorkerList).workers
 

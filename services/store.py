@@ -35,6 +35,7 @@ from services.redis_url import connect, replica_clients, without_user
 log = logging.getLogger("meshkeeper.store")
 
 EVENTS_MAXLEN = 1000
+LOGS_MAXLEN = 20_000  # lines of trainer output kept per job (`add_log_lines`)
 HSET_CHUNK = 500  # Lua's unpack() is bounded; big assignments are written in chunks
 
 
@@ -85,6 +86,10 @@ class Keys:
     def job_events(self, jid: str) -> str:
         return f"{self.job(jid)}:events"
 
+    def job_logs(self, jid: str) -> str:
+        """stream of the job's trainers' output lines (`rank`, `generation`, `line`)."""
+        return f"{self.job(jid)}:logs"
+
     def jobs(self) -> str:
         """zset of every job, scored by submission sequence."""
         return f"{self.prefix}jobs"
@@ -110,7 +115,14 @@ class Keys:
     def job_keys(self, jid: str) -> list[str]:
         """Every key of job `jid` (archived and deleted together by retention)."""
         j = self.job(jid)
-        return [j, f"{j}:assignment", f"{j}:checkpoint", f"{j}:events", f"{j}:history"]
+        return [
+            j,
+            f"{j}:assignment",
+            f"{j}:checkpoint",
+            f"{j}:events",
+            f"{j}:history",
+            f"{j}:logs",
+        ]
 
     def idempotency(self, owner: str, key: str) -> str:
         """The job id an owner's Idempotency-Key names (controller/jobs.py `submit`)."""
@@ -277,7 +289,7 @@ def agent_acl(prefix: str, wid: str) -> list[str]:
             ["+hget", "+hgetall", "+hmget"],
         ),
         selector(shared, "RW", ["+zadd", "+zrem"]),
-        selector([f"{prefix}job:*:events"], "W", ["+xadd"]),
+        selector([f"{prefix}job:*:events", f"{prefix}job:*:logs"], "W", ["+xadd"]),
         selector([checkpoints], "RW", ["+hget", "+hmget", "+hset"]),
     ]
 
@@ -722,6 +734,48 @@ class Store:
         for result in self._replicated(pipe):
             if isinstance(result, Exception):
                 raise result
+
+    def add_log_lines(self, jid: str, rows: list[tuple[int, int, str]]) -> None:
+        """(generation, rank, line) rows of the job's trainers' output, the stream trimmed to
+        about LOGS_MAXLEN lines (a log is for reading what happened, not an archive: the
+        rank's own file keeps everything)."""
+        pipe = self.r.pipeline(transaction=False)
+        for generation, rank, line in rows:
+            pipe.xadd(
+                self.keys.job_logs(jid),
+                {"generation": generation, "rank": rank, "line": line},
+                maxlen=LOGS_MAXLEN,
+                approximate=True,
+            )
+        pipe.execute()
+
+    def log_lines(
+        self, jid: str, after: str, limit: int, rank: int | None = None, newest: bool = False
+    ) -> list[dict[str, Any]]:
+        """Up to `limit` lines after stream id `after` (exclusive; '-': from the start), or the
+        newest `limit` with `newest`; only rank `rank`'s when given. Oldest first."""
+        key, out, cursor = self.keys.job_logs(jid), [], after
+        while len(out) < limit:
+            if newest:
+                rows = self.r.xrevrange(key, max=cursor if cursor != "-" else "+", count=500)
+            else:
+                start = f"({cursor}" if cursor != "-" else "-"
+                rows = self.r.xrange(key, min=start, max="+", count=500)
+            for i, f in rows:
+                if rank is None or int(f.get("rank", -1)) == rank:
+                    out.append(
+                        {
+                            "id": i,
+                            "rank": int(f.get("rank", -1)),
+                            "generation": int(f.get("generation", 0)),
+                            "line": f.get("line", ""),
+                        }
+                    )
+            if len(rows) < 500:
+                break
+            cursor = f"({rows[-1][0]}" if newest else rows[-1][0]
+        out = out[:limit]
+        return out[::-1] if newest else out
 
     def events(self, jid: str, after: str = "-", limit: int = 100) -> list[dict[str, Any]]:
         start = f"({after}" if after != "-" else "-"

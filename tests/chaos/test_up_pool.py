@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 
 import httpx
 import psutil
@@ -135,8 +136,8 @@ def test_agent_killed_with_its_trainers_is_replaced_by_a_fresh_spare(up, uninter
 def test_a_failed_ranks_own_words_reach_the_jobs_status(up):
     """A trainer that exits 2 (its token file is too short for one sample) fails the job;
     the job's status carries what the trainer printed before it died (the tail of its log,
-    read by its agent), not only where that log lies on the worker, and the agent's own
-    output carries every line the trainer printed."""
+    read by its agent), not only where that log lies on the worker; the agent's own output
+    carries every line the trainer printed, and `meshkeeper logs` shows them to a viewer."""
     short = up.work / "data" / "short.bin"
     short.write_bytes(b"abcd")  # 2 uint16 tokens
     spec = mesh_spec("short-data", parallel={"dp": 1}, spares=0) | {
@@ -155,6 +156,30 @@ def test_a_failed_ranks_own_words_reach_the_jobs_status(up):
     agent_log = up.work / "logs" / f"worker-{r.worker}.log"
     echoed = f"[{jid} g1 rank 0] meshkeeper: {said}"
     wait_until(lambda: echoed in agent_log.read_text(), 10, f"{echoed!r} in {agent_log}")
+    # and through the controller to anyone with the viewer role: `meshkeeper logs`
+    env = {
+        **os.environ,
+        "MESHKEEPER_URL": up.url,
+        "MESHKEEPER_TOKEN_FILE": str(up.work / "secrets" / "viewer-token"),
+    }
+    env.pop("MESHKEEPER_TOKEN", None)
+
+    def logs(*extra: str) -> str:
+        cli = subprocess.run(
+            [sys.executable, "-m", "cli", "logs", jid, "--rank", "0", *extra],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert cli.returncode == 0, cli.stderr
+        return cli.stdout
+
+    line = f"[rank 0 g1] meshkeeper: {said}"
+    wait_until(lambda: line in logs(), 20, f"{line!r} from meshkeeper logs")
+    tail = logs("--tail", "1").splitlines()  # its last words alone
+    assert len(tail) == 1 and tail[0].startswith(line), tail
 
 
 def test_each_up_keeps_its_snapshots_in_host_memory_of_its_own(up, tmp_path):

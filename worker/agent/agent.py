@@ -22,6 +22,7 @@ import socket
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,7 @@ from worker.snapshots import SnapshotPlan, prune_generations, remove_tree
 
 log = logging.getLogger("meshkeeper.agent")
 REREAD_S = 5.0  # safety net for lost pub/sub messages
+LOG_BACKLOG = 20_000  # trainer output lines held for Redis while it is away
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,9 @@ class Agent:
         self._exited = False  # a trainer exit is in the next report: announce it (_publish)
         # for Redis, in order: (job, generation, a checkpoint to commit or an event to add)
         self._outbox: list[tuple[str, int, CheckpointCommitted | dict]] = []
+        # trainers' output lines for the jobs' log streams, (job, generation, rank, line); while
+        # Redis is away the oldest go first (every line stays in the rank's own log file)
+        self._log_lines: deque[tuple[str, int, int, str]] = deque(maxlen=LOG_BACKLOG)
 
     def serving(self) -> tuple[str, int]:
         run = self.run
@@ -516,7 +521,7 @@ class Agent:
             code = p.proc.poll()  # read before tailing, so no line written before exit is lost
             if code is None and p.poll_state():
                 self._dirty = True
-            echo(run.job, run.generation, p)
+            self._echo(run, p)
             for line in p.read():
                 self._dirty = True
                 failing = p.progress.snapshot_error
@@ -584,6 +589,24 @@ class Agent:
             if self._exited:
                 self._announce_exit()
         self._dirty = self._exited = False
+        while self._log_lines:  # after the progress: a full log must not hold a report back
+            job = self._log_lines[0][0]
+            batch = []
+            while self._log_lines and self._log_lines[0][0] == job and len(batch) < 500:
+                batch.append(self._log_lines.popleft()[1:])
+            self.store.add_log_lines(job, batch)
+
+    def _echo(self, run: Run, p: RankProcess) -> None:
+        """The trainer's new output lines: on the agent's own stdout, each prefixed with its
+        job, generation and rank (on Kubernetes `kubectl logs` shows the agent's stream only),
+        and queued for the job's log stream in Redis (`meshkeeper logs`)."""
+        lines = p.new_log_lines()
+        if not lines:
+            return
+        prefix = f"[{run.job} g{run.generation} rank {p.rank}] "
+        sys.stdout.write("".join(f"{prefix}{line}\n" for line in lines))
+        sys.stdout.flush()
+        self._log_lines.extend((run.job, run.generation, p.rank, line) for line in lines)
 
     def _announce_exit(self) -> None:
         """Wake the controller's pass for the exit just reported. Best effort: without it the
@@ -663,14 +686,3 @@ def default_address() -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
-
-
-def echo(job: str, generation: int, p: RankProcess) -> None:
-    """The trainer's output on the agent's own stdout too, each line prefixed with its job,
-    generation and rank: on Kubernetes `kubectl logs` shows the agent's stream only, and the
-    rank's log file dies with the pod."""
-    lines = p.new_log_lines()
-    if lines:
-        prefix = f"[{job} g{generation} rank {p.rank}] "
-        sys.stdout.write("".join(f"{prefix}{line}\n" for line in lines))
-        sys.stdout.flush()
