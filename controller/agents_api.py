@@ -23,7 +23,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from controller.auth import Denied, bearer
+from controller.auth import Denied, Principal, bearer
 from controller.service import Controller
 from services.redis_url import with_credentials
 from services.store import WORKER_ID_RE, agent_user
@@ -79,6 +79,7 @@ def join_token(request: Request, cred: HTTPAuthorizationCredentials | None = Sec
             "`meshkeeper up` writes {run-dir}/secrets/join-token)",
             'Bearer realm="meshkeeper", error="invalid_token"',
         )
+    request.state.principal = Principal("join token", "agent")  # for the audit log
 
 
 def router(ctl: Controller) -> APIRouter:

@@ -44,6 +44,7 @@ from services.redis_url import without_credentials
 from services.spec import JobSpec, SpecError, parse_spec
 
 log = logging.getLogger("meshkeeper.api")
+audit_log = logging.getLogger("meshkeeper.audit")
 # a valid spec, shown in the OpenAPI document (and a fuzzer's first example)
 EXAMPLE_SPEC = {
     "name": "tiny",
@@ -110,6 +111,23 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
         response.headers["X-Content-Type-Options"] = "nosniff"
         if request.url.path == "/" or request.url.path.startswith("/ui"):
             response.headers.update(PAGE_HEADERS)
+        return response
+
+    @app.middleware("http")
+    async def audit(request: Request, call_next):
+        """Every call that changes something, with who made it and how it ended: a job
+        cancelled names the token that cancelled it (never the token itself)."""
+        response = await call_next(request)
+        if request.method not in ("GET", "HEAD", "OPTIONS"):
+            who = getattr(request.state, "principal", None)
+            audit_log.info(
+                "%s %s by %s from %s: %d",
+                request.method,
+                request.url.path,
+                f"{who.name} ({who.role})" if who else "an unauthenticated caller",
+                request.client.host if request.client else "?",
+                response.status_code,
+            )
         return response
 
     @app.middleware("http")

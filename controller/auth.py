@@ -131,6 +131,7 @@ class Auth:
                     f"the bearer token is not valid (unknown or revoked); {HOW_TO}",
                     'Bearer realm="meshkeeper", error="invalid_token"',
                 )
+            request.state.principal = who  # the audit log names who asked (controller/app.py)
             if who.role not in roles:
                 raise Denied(
                     403,

@@ -312,3 +312,29 @@ def test_env_tokens_are_hashed_at_load():
     ]
     assert auth.identify("j" * 43) is None and auth.join_ok("j" * 43) and not auth.join_ok("a" * 43)
     assert auth.identify("") is None and auth.identify(None) is None
+
+
+def test_every_change_is_audited_with_who_made_it(api):
+    """A cancel names the token's owner and role (never the token), a refused one too, and
+    an unauthenticated attempt says so; reads are not logged."""
+    with api.controller.client(api.secrets.submitter_token) as mine:
+        own = mine.submit(tiny_spec("audited")).id
+        with api.controller.client(api.secrets.viewer_token) as viewer, pytest.raises(ApiError):
+            viewer.cancel(own)
+        mine.cancel(own)
+        mine.job(own)
+    httpx.delete(f"{api.url}/v1/jobs/{own}", timeout=10)
+    want = [
+        "POST /v1/jobs by submitter (submitter) from 127.0.0.1: 201",
+        f"DELETE /v1/jobs/{own} by viewer (viewer) from 127.0.0.1: 403",
+        f"DELETE /v1/jobs/{own} by submitter (submitter) from 127.0.0.1: 202",
+        f"DELETE /v1/jobs/{own} by an unauthenticated caller from 127.0.0.1: 401",
+    ]
+    log = wait_until(
+        lambda: all(w in (t := api.controller.proc.tail(10**8)) for w in want) and t,
+        10,
+        "the audit lines",
+    )
+    assert f"GET /v1/jobs/{own} by" not in log
+    for secret in (api.secrets.submitter_token, api.secrets.viewer_token):
+        assert secret not in log
