@@ -40,6 +40,7 @@ ALLOWED = {
     ("GET", "/v1/jobs/{job_id}"): READ,
     ("DELETE", "/v1/jobs/{job_id}"): SUBMIT,
     ("GET", "/v1/jobs/{job_id}/events"): READ,
+    ("GET", "/v1/jobs/{job_id}/logs"): READ,
     ("GET", "/v1/jobs/{job_id}/history"): READ,
     ("GET", "/v1/workers"): READ,
     ("GET", "/v1/agent/bootstrap"): ADMIN,

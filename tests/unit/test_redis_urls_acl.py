@@ -25,17 +25,30 @@ def test_a_worker_id_that_would_widen_its_key_patterns_is_refused(wid):
 
 
 def test_an_agent_owns_exactly_its_own_keys():
+    """Across the root rules and every selector: the worker keys it may touch are its own, and
+    what the controller writes for it (assignment, health) it may only read."""
     rules = agent_acl("mk:", "w1")
-    own = [r for r in rules if "worker:" in r]
-    assert own == [
-        "%RW~mk:worker:w1",
-        "%RW~mk:worker:w1:progress",
-        "%RW~mk:worker:w1:probe",
-        "%RW~mk:worker:w1:metrics",
-        "%R~mk:worker:w1:assignment",
-        "%R~mk:worker:w1:health",
-        "&mk:worker:w1:assignment",
+    patterns = [
+        (access, key)
+        for rule in rules
+        for access, key in re.findall(r"%(R|W|RW)~(\S*worker:\S*?)(?=[\s)]|$)", rule)
     ]
+    me = "mk:worker:w1"
+    assert {key for _, key in patterns} == {
+        me,
+        f"{me}:progress",
+        f"{me}:probe",
+        f"{me}:metrics",
+        f"{me}:assignment",
+        f"{me}:health",
+    }, patterns
+    assert {key for access, key in patterns if "W" in access} == {
+        me,
+        f"{me}:progress",
+        f"{me}:probe",
+        f"{me}:metrics",
+    }, patterns
+    assert [r for r in rules if r.startswith("&") and "worker:" in r] == [f"&{me}:assignment"]
 
 
 SENTINEL_URL = (

@@ -7,6 +7,7 @@ before anything is restored: rank 0 writes a random nonce there and every rank r
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import socket
 from pathlib import Path
@@ -26,8 +27,10 @@ def check_shared(job_dir: Path) -> None:
     rank = dist.get_rank()
     probe = job_dir / ".shared-check"
     nonce = [None]
+    made: list[Path] = []  # directories the check creates, removed after it
     if rank == 0:
         nonce[0] = secrets.token_hex(16)
+        made = [d for d in (probe, *probe.parents) if not d.exists()]
         probe.mkdir(parents=True, exist_ok=True)
         (probe / nonce[0]).write_text(nonce[0])
     dist.broadcast_object_list(nonce, src=0)  # only once it is written
@@ -38,8 +41,11 @@ def check_shared(job_dir: Path) -> None:
         seen = False
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, (seen, socket.gethostname(), str(job_dir)))
-    if rank == 0:
+    if rank == 0:  # a job that never saves leaves no trace
         mine.unlink(missing_ok=True)
+        for d in made:  # deepest first; one another process wrote into stays
+            with contextlib.suppress(OSError):
+                d.rmdir()
     blind = [(r, host, path) for r, (ok, host, path) in enumerate(every) if not ok]
     if blind:
         where = ", ".join(f"rank {r} on {host} ({path})" for r, host, path in blind[:8])
