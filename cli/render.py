@@ -79,7 +79,7 @@ def jobs_table(jobs: list[api.JobSummary]) -> RenderableType:
             phase(j.phase),
             f"{j.step}/{j.steps}",
             num(j.loss),
-            shape(j.mesh_shape),
+            shape(j.mesh_shape) + (f" (of {shape(j.target_shape)})" if j.target_shape else ""),
             duration(now - j.submitted_at) if j.submitted_at else "-",
         ]
         for j in jobs

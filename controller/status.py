@@ -13,6 +13,9 @@ from services.store import Store, loads
 
 def job_summary(job: Job) -> api.JobSummary:
     p = job.spec.parallel
+    ep = p.ep if p.ep > 1 else None
+    running = api.Coordinate(dp=job.dp, pp=job.pp, tp=job.tp, ep=ep)
+    target = api.Coordinate(dp=p.dp, pp=p.pp, tp=p.tp, ep=ep)
     return api.JobSummary(
         id=job.id,
         name=job.name,
@@ -22,7 +25,8 @@ def job_summary(job: Job) -> api.JobSummary:
         step=job.step,
         steps=job.total_steps,
         loss=job.loss,
-        mesh_shape=api.Coordinate(dp=p.dp, pp=p.pp, tp=p.tp, ep=p.ep if p.ep > 1 else None),
+        mesh_shape=running,
+        target_shape=target if target != running else None,
         submitted_at=job.submitted_at,
         finished_at=job.finished_at,
         owner=job.owner,

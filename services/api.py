@@ -79,7 +79,13 @@ class JobSummary(Doc):
     step: int
     steps: int
     loss: float | None = None
-    mesh_shape: Coordinate
+    mesh_shape: Coordinate = Field(
+        description="the mesh the job runs now (smaller than the spec's after a shrink or a "
+        "re-plan, until it grows back)"
+    )
+    target_shape: Coordinate | None = Field(
+        default=None, description="the spec's mesh, when the job runs another one now"
+    )
     submitted_at: float | None = None
     finished_at: float | None = None
     owner: str | None = None  # the name of the token that submitted it
