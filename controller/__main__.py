@@ -47,7 +47,7 @@ def _ranks(text: str) -> int:
 
 def _count(text: str) -> int:
     if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r}: a number of jobs, 0 or more")
+        raise argparse.ArgumentTypeError(f"{text!r}: a count, 0 or more")
     return int(text)
 
 
@@ -179,6 +179,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=limits.max_pending_jobs,
         help="jobs one owner may have waiting to start; more get 429 (default "
         f"{limits.max_pending_jobs}; 0: no cap)",
+    )
+    ap.add_argument(
+        "--plan-concurrency",
+        type=_count,
+        default=limits.plan_concurrency,
+        help=f"POST /v1/plan calls running at once (default {limits.plan_concurrency})",
+    )
+    ap.add_argument(
+        "--plans-per-minute",
+        type=_count,
+        default=limits.plans_per_minute,
+        help="POST /v1/plan calls one owner may start a minute "
+        f"(default {limits.plans_per_minute})",
     )
     ap.add_argument(
         "--default-quota",
@@ -317,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
             args.min_straggler_slowdown,
             args.min_straggler_window,
             args.max_pending_jobs or None,
+            max(1, args.plan_concurrency),
+            max(1, args.plans_per_minute),
         ),
     )
     try:

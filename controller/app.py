@@ -36,6 +36,7 @@ from controller.chaos_gate import chaos_refusal
 from controller.conditions import PHASES, TERMINAL
 from controller.discovery import worker_targets
 from controller.jobs import JOB_ID_RE, Job
+from controller.plan_gate import PlanGate
 from controller.pool_limits import limit_problems, pending_problem
 from controller.service import Controller
 from controller.status import job_status, job_summary, workers_status
@@ -444,7 +445,9 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
         return worker_targets(ctl.store, alive_s)
 
     app.include_router(agents_api.router(ctl))  # POST /v1/agents/join
-    app.include_router(plan_api.router(ctl, reader))  # POST /v1/plan
+    limits = ctl.cfg.pool_limits
+    gate = PlanGate(limits.plan_concurrency, limits.plans_per_minute)
+    app.include_router(plan_api.router(ctl, reader, gate))  # POST /v1/plan
     web.mount(app)  # the mesh page at /ui/
     return app
 

@@ -13,6 +13,8 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from controller.admission import live_pool, pool_cluster
+from controller.auth import Principal
+from controller.plan_gate import PlanGate, PlanRefused
 from controller.service import Controller
 from services import api, planner
 from services.spec import Problem, SpecError, parse_spec
@@ -47,26 +49,34 @@ def _cluster(ctl: Controller, body: api.PlanRequest) -> planner.Cluster:
         raise SpecError([Problem("device", str(e))]) from None
 
 
-def router(ctl: Controller, reader: params.Depends) -> APIRouter:
+def router(ctl: Controller, reader: params.Depends, gate: PlanGate) -> APIRouter:
     r = APIRouter(tags=["plan"])
 
     @r.post(
         "/v1/plan",
         response_model=api.PlanResult,
-        dependencies=[reader],
-        responses={status: {"model": api.Error} for status in (401, 403, 422)},
+        responses={status: {"model": api.Error} for status in (401, 403, 422, 429)},
     )
-    async def plan(body: api.PlanRequest) -> dict | JSONResponse:
+    async def plan(body: api.PlanRequest, who: Principal = reader) -> dict | JSONResponse:
         """Every feasible layout of the spec on the cluster, best (fastest) first, and the
-        spec's own layout costed as `given` (null when the spec says parallel.auto)."""
+        spec's own layout costed as `given` (null when the spec says parallel.auto). At most
+        a few plans run at once, and each owner may start only so many a minute (429 with
+        Retry-After)."""
         try:
             spec = parse_spec(body.spec)
         except SpecError as e:  # fields said as paths in the request body
             return _unprocessable([Problem(f"spec.{p.field}", p.message) for p in e.problems])
         try:
-            where = await run_in_threadpool(_cluster, ctl, body)
-            return await run_in_threadpool(planner.report, spec, where)
+            with gate.admit(who.name):
+                where = await run_in_threadpool(_cluster, ctl, body)
+                return await run_in_threadpool(planner.report, spec, where)
         except SpecError as e:
             return _unprocessable(e.problems)
+        except PlanRefused as e:
+            return JSONResponse(
+                {"detail": e.detail, "problems": []},
+                status_code=429,
+                headers={"Retry-After": str(e.retry_after_s)},
+            )
 
     return r

@@ -28,6 +28,10 @@ class PoolLimits:
     steps."""
     max_pending_jobs: int | None = 100
     """--max-pending-jobs: jobs one owner may have waiting to start (None: no cap)."""
+    plan_concurrency: int = 2
+    """--plan-concurrency: POST /v1/plan calls running at once (controller/plan_gate.py)."""
+    plans_per_minute: int = 60
+    """--plans-per-minute: POST /v1/plan calls one owner may start a minute."""
 
 
 def limit_problems(spec: JobSpec, who: Principal, limits: PoolLimits) -> list[Problem]:

@@ -20,7 +20,7 @@ def capped(tmp_path_factory):
         s.redis.work / "logs",
         "capped",
         s.secrets,
-        ["--max-pending-jobs", "2"],
+        ["--max-pending-jobs", "2", "--plans-per-minute", "3"],
     )
     yield s, c
     c.proc.stop(5)
@@ -106,3 +106,24 @@ def test_one_owner_may_keep_only_so_many_jobs_waiting(capped):
         finally:
             for jid in made[1:]:
                 admin.cancel(jid)
+
+
+def test_one_owner_may_start_only_so_many_plans_a_minute(capped):
+    """A plan is seconds of CPU in the API process: each owner starts at most
+    --plans-per-minute (3 here), then gets 429 with Retry-After; other owners still plan."""
+    s, c = capped
+    body = {"spec": tiny_spec("plan"), "workers": 2, "device": "cpu"}
+
+    def plan(token: str) -> httpx.Response:
+        return httpx.post(
+            c.url + "/v1/plan", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=60
+        )
+
+    for _ in range(3):
+        assert plan(s.secrets.viewer_token).status_code == 200
+    r = plan(s.secrets.viewer_token)
+    assert r.status_code == 429, r.text
+    assert "'viewer' started 3 plans in the last minute" in r.json()["detail"], r.text
+    assert 1 <= int(r.headers["Retry-After"]) <= 61
+    assert plan(s.secrets.submitter_token).status_code == 200
+    assert httpx.get(c.url + "/readyz", timeout=5).status_code == 200
