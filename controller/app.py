@@ -61,6 +61,15 @@ JobId = Annotated[str, Path(json_schema_extra={"pattern": JOB_ID_RE.pattern, "ma
 # 64-bit halves
 STREAM_ID_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
 MAX_STREAM_PART = (1 << 64) - 1
+# where a read of a stream (events, logs) goes on from: `stream_cursor` checks it
+StreamCursor = Annotated[
+    str,
+    Query(
+        description="the id of the last entry already seen (like 1700000000000-0), or '-' for "
+        "the oldest kept",
+        json_schema_extra={"pattern": f"^(-|{STREAM_ID_RE.pattern[1:-1]})$"},
+    ),
+]
 MAX_HISTORY_POINTS = 5000  # a chart is a few thousand pixels wide; more points only cost
 # the mesh page's own origin only, and never inside a frame (clickjacking)
 PAGE_HEADERS = {
@@ -334,13 +343,7 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
     )
     def job_events(
         job_id: JobId,
-        after: Annotated[
-            str,
-            Query(
-                description="the id of the last event already seen (like 1700000000000-0), or '-'",
-                json_schema_extra={"pattern": f"^(-|{STREAM_ID_RE.pattern[1:-1]})$"},
-            ),
-        ] = "-",
+        after: StreamCursor = "-",
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     ) -> dict:
         load_job(job_id)
@@ -356,13 +359,7 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
     )
     def job_logs(
         job_id: JobId,
-        after: Annotated[
-            str,
-            Query(
-                description="the id of the last line already seen, or '-' for the oldest kept",
-                json_schema_extra={"pattern": f"^(-|{STREAM_ID_RE.pattern[1:-1]})$"},
-            ),
-        ] = "-",
+        after: StreamCursor = "-",
         limit: Annotated[int, Query(ge=1, le=5000)] = 100,
         rank: Annotated[int | None, Query(ge=0, description="only this rank's lines")] = None,
         newest: Annotated[bool, Query(description="the newest `limit` lines instead")] = False,
