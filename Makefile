@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo up test test-fast bench clean
+.PHONY: install demo up test test-fast bench clean gpu-wheels gpu-check
 
 install: $(STAMP)
 
@@ -44,5 +44,20 @@ bench: $(STAMP)
 	$(BIN)/python bench/submit_latency.py
 	$(BIN)/python bench/rest_latency.py
 
+# The wheels a GPU machine's image lacks, fetched here (network) for `make gpu-check` there.
+gpu-wheels: $(STAMP)
+	scripts/gpu-wheels.sh
+
+# Every `gpu` test on the GPU machine at hand, then gpu-check/summary.json (docs/gpu.md). There,
+# python3 is the image's own, with its torch; gpu-wheels/ must have travelled with the tree.
+# DRY=1, on a CPU machine: no device parts, the wheel set checked, the summary still written.
+ifdef DRY
+gpu-check: $(STAMP)
+	$(BIN)/python scripts/gpu_check.py --dry
+else
+gpu-check:
+	$(PYTHON) scripts/gpu_check.py
+endif
+
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .tools
+	rm -rf $(VENV) *.egg-info .pytest_cache .tools gpu-check

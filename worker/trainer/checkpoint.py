@@ -145,14 +145,7 @@ class Checkpointer:
         self.settling: list[Settling] = []
         self.last_committed: int | None = None
         if mode == "async":
-            on_gpu = device.type == "cuda"
-            opts = StagingOptions(
-                use_pinned_memory=on_gpu,
-                use_shared_memory=False,
-                use_async_staging=True,
-                use_non_blocking_copy=on_gpu,
-            )
-            self.stager = DefaultStager(opts)
+            self.stager = DefaultStager(staging_options(device))
 
     # -- state ---------------------------------------------------------------------------
     def state_dict(self, step: int) -> dict:
@@ -357,6 +350,18 @@ class _VerdictBoard:
 
 
 MESH_KEYS = ("dp", "pp", "tp", "ep")  # a manifest without ep was saved with ep 1
+
+
+def staging_options(device: torch.device) -> StagingOptions:
+    """How an async save copies the state off the device: on a GPU into pinned host memory,
+    without blocking the training stream; in the background everywhere."""
+    on_gpu = device.type == "cuda"
+    return StagingOptions(
+        use_pinned_memory=on_gpu,
+        use_shared_memory=False,
+        use_async_staging=True,
+        use_non_blocking_copy=on_gpu,
+    )
 
 
 def restored_line(ckpt: Committed, now: dict) -> str:

@@ -50,6 +50,7 @@ def init_distributed(timeout_s: float) -> tuple[int, int, torch.device]:
         )
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     bind: torch.device | None = None
+    os.environ.update(cuda_environment(os.environ))  # before anything starts CUDA's libraries
     if torch.cuda.is_available():
         device = bind = cuda_device(int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count())
         torch.cuda.set_device(device)
@@ -118,6 +119,22 @@ def nccl_environment(timeout_s: float, environ: Mapping[str, str]) -> dict[str, 
         "TORCH_NCCL_BLOCKING_WAIT": "0",
         "TORCH_NCCL_ENABLE_MONITORING": "1",
         "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(math.ceil(2 * timeout_s)),
+    }
+
+
+def cuda_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """CUDA's settings read once, when its libraries start; an operator's own are kept.
+    - CUBLAS_WORKSPACE_CONFIG=:4096:8: cuBLAS's fixed workspace, without which its GEMMs are
+      not deterministic and the spot check's bitwise comparison fails on healthy GPUs
+      (worker/trainer/spot_check.py; torch's "Reproducibility" notes);
+    - PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the caching allocator grows segments in
+      place instead of leaving freed blocks of the wrong size, so a long run's fragmentation
+      does not end in an out-of-memory the planner's estimate did not foresee."""
+    return {
+        "CUBLAS_WORKSPACE_CONFIG": environ.get("CUBLAS_WORKSPACE_CONFIG", ":4096:8"),
+        "PYTORCH_CUDA_ALLOC_CONF": environ.get(
+            "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"
+        ),
     }
 
 

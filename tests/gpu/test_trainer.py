@@ -1,0 +1,61 @@
+"""One rank training the `1b` preset's layer shapes (two layers) in bf16 on one GPU: the step
+time, the model FLOPs utilisation against the device's datasheet peak, and the peak memory
+against the planner's estimate for that layout (services/planner/memory.py)."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import torch
+
+from services.planner import cluster
+from services.planner.layout import Layout
+from services.planner.memory import rank_memory
+from services.spec import parse_spec
+from tests.launch import train
+from worker.mfu import flops_per_token
+
+pytestmark = pytest.mark.gpu
+
+# the planner's profile of each device name torch reports
+PROFILES = {"H100": "h100-80gb", "H200": "h200-141gb", "A100": "a100-80gb"}
+
+
+def device_profile() -> str:
+    name = torch.cuda.get_device_name(0)
+    found = [p for key, p in PROFILES.items() if key in name]
+    if not found:
+        pytest.skip(f"no planner profile for {name!r}")
+    return found[0]
+
+
+def test_bf16_1b_layers_step_time_mfu_and_memory_against_the_plan(tmp_path, measured):
+    raw = {
+        "name": "gpu-1b",
+        "model": {"preset": "1b", "layers": 2},
+        "data": {"source": "synthetic", "seed": 7},
+        "parallel": {"dp": 1, "precision": "bf16"},
+        "train": {"steps": 10, "global_batch": 4, "lr": 3e-4, "warmup_steps": 2},
+    }
+    records = train(raw, tmp_path, timeout=400)
+    spec, where = parse_spec(raw), cluster(device_profile(), 1, 1)
+    steady = records[3:]  # the first steps pay for allocation, autotuning and NCCL set-up
+    step_s = statistics.median(r["step_s"] for r in steady)
+    tokens = raw["train"]["global_batch"] * spec.model.seq_len
+    mfu = flops_per_token(spec.model) * tokens / step_s / where.device.flops["bf16"]
+    peak = max(r["peak_mem_bytes"] for r in records)
+    plan = rank_memory(spec, Layout.of(spec.parallel), where).total
+    for name, value in {
+        "trainer_1b2l_bf16_step_s": step_s,
+        "trainer_1b2l_bf16_mfu": mfu,
+        "trainer_1b2l_bf16_peak_bytes": peak,
+        "trainer_1b2l_bf16_planned_bytes": plan,
+        "trainer_1b2l_bf16_peak_over_plan": peak / plan,
+    }.items():
+        measured(name, value)
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in records)
+    assert records[-1]["loss"] < records[0]["loss"]
+    # sanity bounds only: the plan is an estimate, and the figures go to the summary
+    assert 0.01 < mfu < 1.0, mfu
+    assert 0.3 < peak / plan < 2.0, (peak, plan)
