@@ -24,7 +24,11 @@ import yaml
 from services.procs import descendants
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    "OMP_NUM_THREADS": "1",
+}
 # What decides the numbers. Not `checkpoint`: saving never changes what is trained, and the
 # tests hold it to that (a job that saved, was killed and resumed matches a run that never saved).
 TRAINING = ("model", "data", "parallel", "train")

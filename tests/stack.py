@@ -41,7 +41,12 @@ from services.tokens import new_token, write_auth_file
 from worker.progress import CHAOS_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    "OMP_NUM_THREADS": "1",
+    "PYTHONUNBUFFERED": "1",
+}
 ENV.pop("REDIS_URL", None)
 ENV.pop("MESHKEEPER_URL", None)
 WORKERS = 8

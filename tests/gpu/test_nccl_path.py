@@ -58,6 +58,8 @@ def test_one_rank_nccl_group_forms_on_its_device_and_reduces(monkeypatch):
 def test_cuda_events_time_gpu_work_and_leave_out_waiting_sections():
     # torch.cuda._sleep spins the GPU for a number of cycles: a kernel of known, fixed length
     cycles = 50_000_000
+    torch.cuda._sleep(cycles)  # an idle GPU runs its first kernel at idle clocks: warm it up
+    torch.cuda.synchronize()
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     begin.record()
     torch.cuda._sleep(cycles)
