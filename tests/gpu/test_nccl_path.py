@@ -25,8 +25,10 @@ def test_nvml_discovery_agrees_with_torch():
 
 def test_one_rank_nccl_group_forms_on_its_device_and_reduces(monkeypatch):
     import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
 
-    from worker.trainer.distributed import init_distributed, shutdown_distributed
+    from worker.trainer.distributed import hold_timeouts, init_distributed, shutdown_distributed
+    from worker.trainer.parallel import mesh_groups
 
     # set through monkeypatch, so what init_distributed writes is undone after the test
     world_env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
@@ -50,6 +52,10 @@ def test_one_rank_nccl_group_forms_on_its_device_and_reduces(monkeypatch):
         t = torch.full((4,), 3.0, device=device)
         dist.all_reduce(t)
         assert t.tolist() == [3.0] * 4
+        # every mesh group holds the timeout on both of its backends (NCCL and gloo)
+        mesh = init_device_mesh("cuda", (1, 1, 1), mesh_dim_names=("dp", "pp", "tp"))
+        held = hold_timeouts({"world": dist.group.WORLD, **mesh_groups(mesh)}, 45.0)
+        assert held == {"world": 45.0, "dp": 45.0, "pp": 45.0, "tp": 45.0}
     finally:
         shutdown_distributed()
         os.environ.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING", None)  # set by the trainer, not here

@@ -138,6 +138,26 @@ def cuda_environment(environ: Mapping[str, str]) -> dict[str, str]:
     }
 
 
+def hold_timeouts(groups: Mapping[str, dist.ProcessGroup], timeout_s: float) -> dict[str, float]:
+    """Give every group the trainer uses the world's timeout; returns each one's as read back.
+    Only the world group gets it from `init_process_group`: a DeviceMesh subgroup (the FSDP,
+    TP, PP and EP traffic) or a `new_group` (the checkpoint's and the snapshots') otherwise
+    keeps torch's default, 30 minutes for gloo and for the composite `cuda:nccl,cpu:gloo`, so
+    a hung peer would hold the job half an hour instead of `hang_after_s`."""
+    limit = timedelta(seconds=timeout_s)
+    for group in groups.values():
+        dist.distributed_c10d._set_pg_timeout(limit, group)  # each of the group's backends
+    return {name: group_timeout_s(group) for name, group in groups.items()}
+
+
+def group_timeout_s(group: dist.ProcessGroup) -> float:
+    """The shortest timeout among the group's backends (gloo for CPU tensors, NCCL for CUDA)."""
+    return min(
+        group._get_backend(device).options._timeout.total_seconds()
+        for device in group._device_types
+    )
+
+
 def rendezvous_store(prefix: str) -> dist.Store:
     """A key space of its own in the world's rendezvous store (MASTER_ADDR, MASTER_PORT: fresh
     every generation), for agreements that must not wait in a collective: a store wait has

@@ -32,10 +32,10 @@ from worker.trainer.anomaly import AnomalyWatch
 from worker.trainer.chaos import BitFlips, StepFloor
 from worker.trainer.checkpoint import Checkpointer, restored_line
 from worker.trainer.data import DataError
-from worker.trainer.distributed import init_distributed, shutdown_distributed
+from worker.trainer.distributed import hold_timeouts, init_distributed, shutdown_distributed
 from worker.trainer.memory import return_freed_memory
 from worker.trainer.metrics_file import MetricsFile
-from worker.trainer.parallel import ParallelDims, RankContext
+from worker.trainer.parallel import ParallelDims, RankContext, mesh_groups
 from worker.trainer.sdc import ReplicaCheck, SilentCorruption
 from worker.trainer.sdc_guard import CorruptionGuard
 from worker.trainer.snapshot import Snapshotter
@@ -219,7 +219,8 @@ def run(args: argparse.Namespace) -> int:
     # a hang) and turns them into a recovery's phase durations.
     metrics.write({"event": "started", "started_at": started_at})
     return_freed_memory()  # before the first large tensor (memory.py)
-    rank, world, device = init_distributed(timeout_s=max(60.0, spec.fault_tolerance.hang_after_s))
+    timeout_s = max(60.0, spec.fault_tolerance.hang_after_s)
+    rank, world, device = init_distributed(timeout_s=timeout_s)
     try:
         check_world_size(spec, world)
         dims = ParallelDims(spec.parallel, device.type)
@@ -258,6 +259,10 @@ def run(args: argparse.Namespace) -> int:
             if plan
             else None
         )
+        groups = {"world": dist.group.WORLD, **mesh_groups(ctx.mesh)}
+        groups.update({"checkpoint": ckpt.group} if ckpt else {})
+        groups.update({"snapshot": snaps.group} if snaps else {})
+        metrics.write({"event": "groups", "timeout_s": hold_timeouts(groups, timeout_s)})
         guard = CorruptionGuard(ReplicaCheck(spec, ctx), trainer, snaps) if checks else None
         flips = (
             BitFlips(

@@ -76,6 +76,16 @@ class ParallelDims:
         return mesh
 
 
+def mesh_groups(mesh: DeviceMesh) -> dict[str, dist.ProcessGroup]:
+    """The process group of each of the mesh's dimensions by name, the flattened "dp" of an
+    expert-parallel mesh included."""
+    names = list(mesh.mesh_dim_names or ())
+    groups = {name: mesh.get_group(name) for name in names}
+    if "edp" in names:
+        groups["dp"] = mesh["dp"].get_group()
+    return groups
+
+
 @dataclass(frozen=True)
 class RankContext:
     """Everything a rank needs to know about where it sits; passed explicitly."""
