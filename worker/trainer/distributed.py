@@ -171,14 +171,17 @@ def rendezvous_store(prefix: str) -> dist.Store:
     return dist.PrefixStore(prefix, base)
 
 
-def shutdown_distributed() -> None:
-    # Pipeline sends are asynchronous: a peer may still be reading when this rank is
-    # done. Quiesce first, so no gloo worker thread still holds a tensor at teardown
-    # (that ends in SIGABRT during interpreter finalization).
+def shutdown_distributed(quiesce: bool = True) -> None:
+    """Tear the process group down. `quiesce` (a rank that finished with its peers): wait at a
+    barrier first, because pipeline sends are asynchronous and a peer may still be reading;
+    no gloo worker thread may still hold a tensor at teardown (that ends in SIGABRT during
+    interpreter finalization). A rank that failed on its own does not wait: its peers would
+    never reach the barrier, and its own exit code would arrive only after the timeout."""
     if not dist.is_initialized():
         return
     try:
-        dist.barrier()
+        if quiesce:
+            dist.barrier()
     finally:
         gc.collect()
         dist.destroy_process_group()

@@ -221,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
     return_freed_memory()  # before the first large tensor (memory.py)
     timeout_s = max(60.0, spec.fault_tolerance.hang_after_s)
     rank, world, device = init_distributed(timeout_s=timeout_s)
+    quiesce = True
     try:
         check_world_size(spec, world)
         dims = ParallelDims(spec.parallel, device.type)
@@ -382,8 +383,11 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         return 0
+    except BaseException:
+        quiesce = False  # failed on its own: the peers may never reach a barrier
+        raise
     finally:
-        shutdown_distributed()
+        shutdown_distributed(quiesce)
 
 
 def main(argv: list[str] | None = None) -> int:
