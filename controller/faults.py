@@ -51,9 +51,9 @@ def decide(ctx: Pass, view: JobView, seen: dict[str, float] | None) -> Decision 
     oom = health.out_of_memory(ranks)
     if oom:  # before anything spends a spare: the spare would be killed the same way
         return Finish("Failed", "OutOfMemory", oom)
-    why = health.deterministic_failure(ranks)
-    if why:
-        return Finish("Failed", "TrainerFailed", why)
+    repeats = health.deterministic_failure(ranks)
+    if repeats:
+        return Finish("Failed", *repeats)
     if health.corruption_pending(ranks, ft.hang_after_s, ctx.now):
         return None  # the other ranks are exiting with the same evidence: let them finish
     faults = (

@@ -33,7 +33,12 @@ from services.records import FaultRecord
 STARTUP_GRACE_S = (
     300.0  # per start-up milestone (import, rendezvous, restore): loaded hosts are slow
 )
-DETERMINISTIC_EXITS = {2: "invalid spec or data", 3: "non-finite loss or gradient"}
+DETERMINISTIC_EXITS = {
+    2: "invalid spec or data",
+    3: "non-finite loss or gradient",
+    5: "out of memory",  # worker/trainer/oom.py: a spare has the same memory
+}
+EXIT_OOM = 5
 # restart the same workers: none is at fault (or, for a corruption re-execution could not
 # attribute, none can be named without quarantining healthy ones)
 BLAMELESS = ("TrainerFailed", "JobStalled", "SilentDataCorruptionUnattributed")
@@ -162,12 +167,14 @@ def _rank_list(value: object) -> list[int]:
     return [n for n in items if isinstance(n, int) and not isinstance(n, bool)]
 
 
-def deterministic_failure(ranks: list[RankStatus]) -> str | None:
-    """A message when a rank exited for a reason a restart would repeat."""
+def deterministic_failure(ranks: list[RankStatus]) -> tuple[str, str] | None:
+    """(the job's Failed reason, a message) when a rank exited for a reason a restart would
+    repeat: OutOfMemory for an allocator's out-of-memory, else TrainerFailed."""
     for r in ranks:
         code = r.exit_code
         if r.state == "failed" and code in DETERMINISTIC_EXITS:
-            return (
+            reason = "OutOfMemory" if code == EXIT_OOM else "TrainerFailed"
+            return reason, (
                 f"rank {r.rank} exited with code {code} ({DETERMINISTIC_EXITS[code]}): "
                 f"{r.error or 'see ' + str(r.log)}"
             )

@@ -417,6 +417,16 @@ class MemoryLimit(Strict):
     )
 
 
+class DeviceOom(Strict):
+    rank: int = Field(ge=0, description="The rank that runs out of memory (< dp*pp*tp).")
+    step: int = Field(
+        ge=1,
+        le=MAX_STEPS,
+        description="The step during which it asks its device's allocator for more bytes than "
+        "the device has (<= train.steps): the allocator's own out-of-memory error.",
+    )
+
+
 class ChaosSpec(Strict):
     """Fault injection for testing detection; admitted only by a controller started with
     --allow-chaos and only from an admin token (docs/security.md, "Fault injection")."""
@@ -432,6 +442,13 @@ class ChaosSpec(Strict):
         description="Start a rank in a memory cgroup of its own that its agent creates with "
         "this limit, so the kernel's OOM killer ends it for real once it allocates more. An "
         "agent that cannot create one (no writable memory cgroup) refuses the assignment.",
+    )
+    device_oom: list[DeviceOom] = Field(
+        default=[],
+        max_length=64,
+        description="Make a rank's device allocator fail for real at a chosen step, as an "
+        "oversized batch or model would (torch.OutOfMemoryError on a GPU, the CPU allocator's "
+        "error on a CPU).",
     )
     min_step_s: float | None = Field(
         default=None,
@@ -656,7 +673,7 @@ def chaos_problems(s: JobSpec) -> list[Problem]:
         return []
     p, steps = s.parallel, s.train.steps
     out: list[Problem] = []
-    for name in ("bitflip", "memory_limit"):
+    for name in ("bitflip", "memory_limit", "device_oom"):
         if p.auto and getattr(s.chaos, name):
             out.append(
                 Problem(
@@ -670,15 +687,17 @@ def chaos_problems(s: JobSpec) -> list[Problem]:
     for i, flip in enumerate(s.chaos.bitflip):
         if flip.tensor == "compute":
             out += _compute_fault_problems(s, i, flip)
-        out += _rank_problems(f"chaos.bitflip[{i}].rank", flip.rank, p)
-        if flip.step > steps:
-            out.append(
-                Problem(
-                    f"chaos.bitflip[{i}].step",
-                    f"step {flip.step} is never reached: train.steps is {steps}; choose a step "
-                    f"from 1 to {steps}",
+    for name in ("bitflip", "device_oom"):
+        for i, fault in enumerate(getattr(s.chaos, name)):
+            out += _rank_problems(f"chaos.{name}[{i}].rank", fault.rank, p)
+            if fault.step > steps:
+                out.append(
+                    Problem(
+                        f"chaos.{name}[{i}].step",
+                        f"step {fault.step} is never reached: train.steps is {steps}; choose "
+                        f"a step from 1 to {steps}",
+                    )
                 )
-            )
     return out
 
 

@@ -88,6 +88,16 @@ H200_141GB = replace(H100_80GB, name="h200-141gb", memory_bytes=141 * GB, memory
 PROFILES: dict[str, DeviceProfile] = {p.name: p for p in (CPU, A100_80GB, H100_80GB, H200_141GB)}
 
 
+# the profile of each GPU model, by what its name (torch, NVML) contains
+BY_DEVICE_NAME = {"H100": "h100-80gb", "H200": "h200-141gb", "A100": "a100-80gb"}
+
+
+def profile_of_device(device_name: str) -> str | None:
+    """The profile name for a device that torch or NVML calls `device_name` (e.g. "NVIDIA
+    H100 80GB HBM3"); None for a model the planner has no figures for."""
+    return next((p for key, p in BY_DEVICE_NAME.items() if key in device_name), None)
+
+
 def profile(name: str) -> DeviceProfile:
     """The profile called `name`; a ValueError naming the known ones otherwise."""
     try:

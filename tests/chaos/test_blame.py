@@ -6,6 +6,9 @@
   only in trainers of an agent started with MESHKEEPER_CHAOS_HOOKS=1 (as the test stack's
   agents are, tests/stack.py), makes it spin forever at its next step boundary. That worker is
   replaced, quarantined, and re-admitted only after its health probe passed.
+- A trainer whose allocator runs out of memory (`chaos.device_oom`: a request for more bytes
+  than the host has, the CPU allocator's real error): it exits with code 5 and the job fails
+  with OutOfMemory naming the planner's estimate and the fix; no spare is spent.
 - A trainer killed by the kernel OOM killer: the spec's `chaos.memory_limit` has rank 1's agent
   start it in a memory cgroup of its own whose limit its model cannot fit in; the job fails
   with OutOfMemory naming the rank and its peak memory, and no spare is spent.
@@ -165,3 +168,25 @@ def test_oom_killed_trainer_fails_the_job_without_spending_a_spare(stack):
     # the agent removes the group it made once the rank is gone: nothing left on the host
     parent, _ = memory_cgroup(stack.agents[victim.worker].pid)
     wait_until(lambda: not list(parent.glob(f"meshkeeper-*-{j.id}-*")), 30, "the group removed")
+
+
+def test_allocator_out_of_memory_fails_the_job_with_the_plan_and_no_spare_spent(stack):
+    spec = mesh_spec("blame-alloc-oom", steps=20)
+    spec["chaos"] = {"device_oom": [{"rank": 1, "step": 3}]}
+    w = Watch(stack, stack.client.submit(spec).id)
+    j = w.finish(180)
+    assert j.phase == "Failed", (j.phase, [(c.type, c.reason, c.message) for c in j.conditions])
+    failed = j.condition("Failed")
+    assert failed.reason == "OutOfMemory", failed
+    msg = failed.message
+    assert msg.startswith("rank 1 exited with code 5 (out of memory): "), msg
+    assert "can't allocate memory" in msg, msg  # the allocator's own words
+    assert "the planner's estimate for dp=2 pp=1 tp=1 zero=3: " in msg, msg
+    assert "GiB per rank" in msg and "parallel.zero 3" in msg, msg
+    assert (j.restarts, j.generation, j.recoveries) == (0, 1, []), (
+        j.restarts,
+        j.generation,
+        j.recoveries,
+    )
+    assert not {"RecoveryStarted", "ReplacingRank"} & {e.reason for e in events(stack, j.id)}
+    assert j.mesh.spares and not (set(j.mesh.spares) & {r.worker for r in j.mesh.ranks})

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from services.planner import cluster
+from services.planner.hardware import profile_of_device
 from services.planner.layout import Layout
 from services.planner.memory import rank_memory
 from services.spec import parse_spec
@@ -18,16 +19,13 @@ from worker.mfu import flops_per_token
 
 pytestmark = pytest.mark.gpu
 
-# the planner's profile of each device name torch reports
-PROFILES = {"H100": "h100-80gb", "H200": "h200-141gb", "A100": "a100-80gb"}
-
 
 def device_profile() -> str:
     name = torch.cuda.get_device_name(0)
-    found = [p for key, p in PROFILES.items() if key in name]
-    if not found:
+    found = profile_of_device(name)
+    if found is None:
         pytest.skip(f"no planner profile for {name!r}")
-    return found[0]
+    return found
 
 
 def test_bf16_1b_layers_step_time_mfu_and_memory_against_the_plan(tmp_path, measured):

@@ -10,6 +10,10 @@ but this one applies the right update), or of its optimizer's first moment. A `c
 is no state at all: the spot check (worker/trainer/spot_check.py) asks `compute_fault` and
 flips one activation of its first pass, as a transient fault in the device's arithmetic would.
 
+`chaos.device_oom` makes the rank's allocator fail for real during a chosen step, in every
+generation: an oversized batch or model fails again after any restart, and the controller must
+tell that from a fault a restart cures (worker/trainer/oom.py).
+
 `chaos.min_step_s` is no fault: it paces the steps (`StepFloor`), so a job lasts past the
 faults injected around it whatever the machine's speed.
 """
@@ -23,7 +27,8 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from services.spec import BitFlip
+from services.spec import BitFlip, DeviceOom
+from worker.trainer.oom import device_bytes
 from worker.trainer.snapshot_state import _local
 
 
@@ -89,6 +94,17 @@ class BitFlips:
         with torch.no_grad():
             flip_bit(_local(t), f.bit)
         self.flipped(f.step, f.bit, name)
+
+
+class DeviceOoms:
+    def __init__(self, faults: list[DeviceOom], rank: int, device: torch.device):
+        self.steps, self.device = {f.step for f in faults if f.rank == rank}, device
+
+    def during(self, step: int) -> None:
+        """At a chosen step, ask the allocator for more bytes than the device (or host) has."""
+        if step in self.steps:
+            too_many = 4 * device_bytes(self.device) + 2**40
+            torch.empty(too_many, dtype=torch.uint8, device=self.device)
 
 
 class StepFloor:

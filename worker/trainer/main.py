@@ -6,7 +6,9 @@ Without them it runs as a single process.
 
 Exit codes the controller reads as deterministic failures (a restart would repeat them;
 docs/architecture.md, "Failure handling"): 2 for a spec, data or checkpoint that cannot be
-used as given, 3 for a non-finite loss or gradient. Exit code 4: silent data corruption, found
+used as given, 3 for a non-finite loss or gradient, 5 for an allocator out of memory
+(worker/trainer/oom.py; the job fails with reason OutOfMemory). Exit code 4: silent data
+corruption, found
 by DP replicas whose state disagreed (worker/trainer/sdc.py) or by a re-executed microbatch
 that differed (worker/trainer/spot_check.py); the evidence is the metrics file's `sdc` line,
 and the controller replaces the blamed rank's worker and rolls back.
@@ -29,12 +31,13 @@ from worker.ckpt_store import CheckpointStore, read_history
 from worker.progress import Collectives, counters_path
 from worker.snapshots import SnapshotPlan
 from worker.trainer.anomaly import AnomalyWatch
-from worker.trainer.chaos import BitFlips, StepFloor
+from worker.trainer.chaos import BitFlips, DeviceOoms, StepFloor
 from worker.trainer.checkpoint import Checkpointer, restored_line
 from worker.trainer.data import DataError
 from worker.trainer.distributed import hold_timeouts, init_distributed, shutdown_distributed
 from worker.trainer.memory import return_freed_memory
 from worker.trainer.metrics_file import MetricsFile
+from worker.trainer.oom import EXIT_OOM, OutOfMemory, explain, is_out_of_memory
 from worker.trainer.parallel import ParallelDims, RankContext, mesh_groups
 from worker.trainer.sdc import ReplicaCheck, SilentCorruption
 from worker.trainer.sdc_guard import CorruptionGuard
@@ -277,6 +280,11 @@ def run(args: argparse.Namespace) -> int:
             if spec.chaos and spec.chaos.bitflip
             else None
         )
+        ooms = (
+            DeviceOoms(spec.chaos.device_oom, rank, device)
+            if spec.chaos and spec.chaos.device_oom
+            else None
+        )
         paced = spec.chaos is not None and spec.chaos.min_step_s is not None
         pace = StepFloor(spec.chaos.min_step_s) if paced else None
         spot = SpotCheck(spec, trainer, flips) if SpotCheck.applies(spec) else None
@@ -295,6 +303,8 @@ def run(args: argparse.Namespace) -> int:
                 snaps.before_update(step, trainer.optimizers)
             if flips:
                 flips.before_update(step)
+            if ooms:
+                ooms.during(step)
 
         def settle(step: int, checked: bool) -> None:
             """Check the state after `step` when due, then snapshot it; the start state too,
@@ -383,8 +393,10 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         return 0
-    except BaseException:
+    except BaseException as e:
         quiesce = False  # failed on its own: the peers may never reach a barrier
+        if is_out_of_memory(e):
+            raise explain(e, spec, device) from e
         raise
     finally:
         shutdown_distributed(quiesce)
@@ -400,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     except ResumeRefused as e:
         print(f"meshkeeper: cannot resume: {e}", file=sys.stderr)
         return 2
+    except OutOfMemory as e:
+        print(f"meshkeeper: {e}", file=sys.stderr)
+        return EXIT_OOM
     except NonFiniteError as e:
         print(f"meshkeeper: training stopped: {e}", file=sys.stderr)
         return 3
