@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.cuda._pin_memory_utils import pin_memory, unpin_memory
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
@@ -102,6 +103,21 @@ def map_file(path: Path, nbytes: int) -> torch.Tensor:
     return torch.from_file(str(path), shared=True, size=max(nbytes, 1), dtype=torch.uint8)
 
 
+def host_locked(image: torch.Tensor) -> bool:
+    """Page-lock a mapped slot for CUDA (cudaHostRegister, as torch's own DCP stager does for
+    its shared memory); False where the driver refuses (a memlock limit, say): the copy then
+    goes through pageable memory, slower but the same bytes."""
+    try:
+        pin_memory(image.data_ptr(), image.numel())
+    except RuntimeError:
+        return False
+    return True
+
+
+def host_unlocked(image: torch.Tensor) -> None:
+    unpin_memory(image.data_ptr())
+
+
 def allocate(path: Path, start: int, end: int) -> None:
     """Give bytes [start, end) of `path` their memory now. A write to a sparse page of a
     mapped file that /dev/shm has no room for is a SIGBUS, which kills the trainer; this is
@@ -130,9 +146,16 @@ class Ring:
     newest snapshot taken right after a passed corruption check stays out of the turn until a
     newer checked one lands, so a rollback always finds a clean state (worker/trainer/sdc.py)."""
 
-    def __init__(self, d: Path, keep: int, pin: bool = False, prefix: str = "slot"):
+    def __init__(
+        self, d: Path, keep: int, pin: bool = False, prefix: str = "slot", page_lock: bool = False
+    ):
         self.d, self.size, self.next, self.prefix = d, keep + int(pin), 0, prefix
         self.maps: dict[Path, torch.Tensor] = {}
+        # `page_lock` (a GPU rank's own whole snapshots): each slot's mapping is registered
+        # with CUDA once it has all its memory (`host_locked`), so the copy engines write it
+        # directly instead of through the driver's small pinned staging buffers
+        self.page_lock = page_lock
+        self.locked: set[Path] = set()
         self.views: dict[Path, tuple[list, torch.Tensor, list[torch.Tensor]]] = {}
         self.reserved: dict[Path, int] = {}  # bytes from each file's start given memory
         self.pin, self.pinned = pin, None  # pinned: (slot index, manifest)
@@ -149,6 +172,9 @@ class Ring:
         return i, bin_path, man_path
 
     def _forget(self, bin_path: Path) -> None:
+        if bin_path in self.locked:  # before the mapping goes: CUDA must not keep its pages
+            self.locked.discard(bin_path)
+            host_unlocked(self.maps[bin_path])
         self.maps.pop(bin_path, None)
         self.views.pop(bin_path, None)
         self.reserved.pop(bin_path, None)
@@ -166,8 +192,14 @@ class Ring:
             self._forget(bin_path)
         image = self.maps.get(bin_path)
         if image is None or image.numel() < nbytes:
+            self._forget(bin_path)
             image = self.maps[bin_path] = map_file(bin_path, nbytes)
         self.reserve(bin_path, nbytes if used is None else used)
+        # only a slot whose every page has memory: locking touches them all, and an unreserved
+        # page of a full /dev/shm would be a SIGBUS
+        if self.page_lock and used is None and bin_path not in self.locked:
+            if host_locked(image):
+                self.locked.add(bin_path)
         write_stamp(image, None)
         return i, bin_path, man_path, image
 
@@ -222,8 +254,10 @@ class Rings:
     """One rank's slots in one directory: a ring of whole snapshots and, with
     `plan.full_every` above 1, a ring of logged steps (worker/snapshots.py) of `grads_slots`."""
 
-    def __init__(self, d: Path, plan: SnapshotPlan, pin: bool, grads_slots: int):
-        self.whole = Ring(d, plan.keep, pin)
+    def __init__(
+        self, d: Path, plan: SnapshotPlan, pin: bool, grads_slots: int, page_lock: bool = False
+    ):
+        self.whole = Ring(d, plan.keep, pin, page_lock=page_lock)
         self.grads = Ring(d, grads_slots, prefix="grads") if plan.full_every > 1 else None
 
     def of(self, manifest: dict) -> Ring:
@@ -262,7 +296,13 @@ class Snapshotter:
         self.wards = plan.wards(rank)
         # Created on every rank, in the same order as every other group (a collective call).
         self.group = dist.new_group(backend="gloo")
-        self.own = Rings(plan.own_dir(rank), plan, pin_checked, plan.own_grads_slots())
+        self.own = Rings(
+            plan.own_dir(rank),
+            plan,
+            pin_checked,
+            plan.own_grads_slots(),
+            page_lock=device.type == "cuda",
+        )
         # A ring of held/ has one writer: this rank for the wards on other hosts, and for its
         # own copy where its holder shares its host memory (`_pair_up`).
         holders_dir, self.wards_here = self._meet()
