@@ -166,8 +166,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--peak-flops",
         type=float,
         default=float(env("MESHKEEPER_PEAK_FLOPS", "0")),
-        help="peak FLOP/s of one rank's device, for the MFU metric (default: a CPU "
-        "estimate, 1e11 per core; set it on GPU nodes, e.g. 9.89e14 for H100 bf16)",
+        help="peak FLOP/s of one rank's device, for the MFU metric (default: on an A100, H100 "
+        "or H200 its datasheet's dense peak at each job's precision, from NVML's device name; "
+        "else a CPU estimate, 1e11 per core)",
     )
     ap.add_argument("--log-level", default=env("MESHKEEPER_LOG_LEVEL", "info"))
     args = ap.parse_args(argv)
@@ -327,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(
                 f"agent: cannot register in Redis at --insecure-direct-redis: {e}"
             ) from None
-    metrics = AgentMetrics(args.peak_flops or None, cfg.devices)
+    gpus = discover()
+    metrics = AgentMetrics(args.peak_flops or None, cfg.devices, gpus[0].name if gpus else None)
     agent.append(Agent(cfg, store, metrics, rejoin))
     metrics.watch(agent[0].snapshot)
     if args.metrics_port:

@@ -32,6 +32,7 @@ class Gpu:
     nvml_index: int  # its place among every GPU of the host (what nvidia-smi shows)
     uuid: str
     memory_bytes: int
+    name: str = ""  # NVML's product name ("NVIDIA H100 80GB HBM3"): the MFU's datasheet peak
 
 
 def _leading_int(text: str) -> int:
@@ -84,7 +85,13 @@ def discover(environ: dict[str, str] | None = None) -> list[Gpu]:
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
         uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
         return [
-            Gpu(cuda, nvml, uuids[nvml], int(pynvml.nvmlDeviceGetMemoryInfo(handles[nvml]).total))
+            Gpu(
+                cuda,
+                nvml,
+                uuids[nvml],
+                int(pynvml.nvmlDeviceGetMemoryInfo(handles[nvml]).total),
+                _text(pynvml.nvmlDeviceGetName(handles[nvml])),
+            )
             for cuda, nvml in enumerate(visible_ordinals(env.get("CUDA_VISIBLE_DEVICES"), uuids))
         ]
     except pynvml.NVMLError as e:

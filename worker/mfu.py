@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from services.planner.hardware import profile, profile_of_device
 from services.spec import ModelSpec
 
 # One CPU core's fp32 peak, roughly: 2 FMA units x 8 lanes (AVX2) x 2 FLOPs x ~3 GHz.
@@ -30,8 +31,15 @@ def flops_per_token(m: ModelSpec) -> float:
 
 
 def default_peak_flops(devices: int) -> float:
-    """Peak FLOP/s of one rank on a CPU host: its share of the cores (GPU nodes set the flag)."""
+    """Peak FLOP/s of one rank on a CPU host: its share of the cores."""
     return CPU_CORE_PEAK_FLOPS * max(1, (os.cpu_count() or 1) // max(1, devices))
+
+
+def device_peak_flops(device_name: str | None, precision: str) -> float | None:
+    """The datasheet's dense peak of a GPU that NVML calls `device_name`, at the job's
+    precision (services/planner/hardware.py); None for a CPU or a model without a profile."""
+    found = profile_of_device(device_name) if device_name else None
+    return profile(found).flops[precision] if found else None
 
 
 def mfu(flops_per_tok: float, tokens_per_s: float, world_size: int, peak_flops: float) -> float:

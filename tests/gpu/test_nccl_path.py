@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 
+from services.planner.hardware import profile_of_device
 from services.procs import free_port
 from tests.launch import train
 from tests.stack import tiny_spec
@@ -20,7 +21,13 @@ pytestmark = pytest.mark.gpu
 
 
 def test_nvml_discovery_agrees_with_torch():
-    assert len(discover()) == torch.cuda.device_count()
+    gpus = discover()
+    assert len(gpus) == torch.cuda.device_count()
+    # the MFU's datasheet peak is found by NVML's name: the same model as torch's name
+    for g in gpus:
+        assert profile_of_device(g.name) == profile_of_device(
+            torch.cuda.get_device_name(g.cuda_index)
+        )
 
 
 def test_one_rank_nccl_group_forms_on_its_device_and_reduces(monkeypatch):

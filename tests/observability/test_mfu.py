@@ -1,12 +1,17 @@
 """The agent's torch-free FLOP count (worker/mfu.py) equals the model's own, which counts the
-parameters of a real (meta-device) model, for every preset and an explicit shape."""
+parameters of a real (meta-device) model, for every preset and an explicit shape; and the
+peak it divides by is the device's at the job's precision."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from services.planner.hardware import H100_80GB
 from services.spec import PRESETS, ModelSpec
 from worker import mfu
+from worker.agent.metrics_endpoint import AgentMetrics, _AgentCollector
 from worker.trainer import model
 
 SHAPES = [{"preset": p} for p in PRESETS] + [
@@ -24,3 +29,27 @@ def test_flops_per_token_matches_the_model(shape):
 def test_mfu_is_each_ranks_share_of_the_global_throughput_over_its_peak():
     # 1e6 FLOPs/token at 1000 tokens/s over 4 ranks = 2.5e8 FLOP/s per rank, of a 1e9 peak
     assert mfu.mfu(1e6, 1000.0, 4, 1e9) == pytest.approx(0.25)
+
+
+def peak(metrics: AgentMetrics, tmp_path, precision: str) -> float:
+    """The MFU denominator the agent's collector uses for a rank running at `precision`."""
+    path = tmp_path / f"{precision}.json"
+    parallel = {"dp": 2, "pp": 1, "tp": 1, "precision": precision}
+    path.write_text(json.dumps({"model": {"preset": "tiny"}, "parallel": parallel}))
+    return _AgentCollector(metrics, lambda: None)._model(path)[2]
+
+
+def test_a_gpu_agent_takes_its_peak_from_the_datasheet_at_each_jobs_precision(tmp_path):
+    """NVML's name for an H100 picks the H100 profile: its bf16 peak for a bf16 job, its fp32
+    peak for an fp32 one; an operator's --peak-flops wins; a CPU keeps its core estimate."""
+    h100 = H100_80GB.flops
+    gpu = AgentMetrics(devices=8, device_name="NVIDIA H100 80GB HBM3")
+    assert peak(gpu, tmp_path, "bf16") == h100["bf16"] == 989e12
+    assert peak(gpu, tmp_path, "fp32") == h100["fp32"]
+    assert gpu.peak_flops == h100["bf16"]  # the gauge: the usual training precision's
+    told = AgentMetrics(peak_flops=1.5e14, devices=8, device_name="NVIDIA H100 80GB HBM3")
+    assert peak(told, tmp_path, "bf16") == 1.5e14
+    cpu = AgentMetrics(devices=2)
+    assert peak(cpu, tmp_path, "bf16") == mfu.default_peak_flops(2)
+    unknown = AgentMetrics(devices=1, device_name="NVIDIA T4")
+    assert unknown.peak_flops == mfu.default_peak_flops(1)

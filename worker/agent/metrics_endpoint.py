@@ -73,8 +73,18 @@ def _seconds(v: float | None) -> float | None:
 
 
 class AgentMetrics:
-    def __init__(self, peak_flops: float | None = None, devices: int = 1):
-        self.peak_flops = peak_flops or mfu.default_peak_flops(devices)
+    def __init__(
+        self, peak_flops: float | None = None, devices: int = 1, device_name: str | None = None
+    ):
+        """`peak_flops`: the operator's MFU denominator, for every job; else a GPU's comes
+        from its datasheet by `device_name` (NVML's) and each job's precision, and a CPU's is
+        an estimate from its cores."""
+        self.explicit_peak, self.device_name = peak_flops, device_name
+        self.peak_flops = (
+            peak_flops
+            or mfu.device_peak_flops(device_name, "bf16")
+            or mfu.default_peak_flops(devices)
+        )
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
         self.step_seconds = Histogram(
@@ -243,7 +253,8 @@ class _AgentCollector:
 
     def __init__(self, metrics: AgentMetrics, snapshot: Callable[[], AgentSnapshot]):
         self.m, self.snapshot = metrics, snapshot
-        self._specs: dict[Path, tuple[float, int] | None] = {}  # spec file -> (FLOPs/token, world)
+        # spec file -> (FLOPs/token, world, peak FLOP/s of a rank's device at its precision)
+        self._specs: dict[Path, tuple[float, int, float] | None] = {}
 
     def describe(self):
         return []
@@ -306,24 +317,27 @@ class _AgentCollector:
             seen.add(p.spec)
             model = self._model(p.spec)
             if model and p.last is not None and p.last.tokens_per_s > 0:
-                util.add_metric(
-                    lv, mfu.mfu(model[0], p.last.tokens_per_s, model[1], self.m.peak_flops)
-                )
+                util.add_metric(lv, mfu.mfu(model[0], p.last.tokens_per_s, model[1], model[2]))
         self._specs = {k: v for k, v in self._specs.items() if k in seen}  # only live runs' specs
         yield from gauges.values()
         yield rss
         yield util
 
-    def _model(self, spec_path: Path) -> tuple[float, int] | None:
-        """FLOPs per token and world size of the spec a rank runs (the agent writes it beside
-        the rank's metrics file; after a shrink it is the shrunk mesh's)."""
+    def _model(self, spec_path: Path) -> tuple[float, int, float] | None:
+        """FLOPs per token, world size and the peak FLOP/s of one rank's device at its
+        precision, for the spec a rank runs (the agent writes it beside the rank's metrics
+        file; after a shrink it is the shrunk mesh's)."""
         if spec_path not in self._specs:
             try:
                 spec = json.loads(spec_path.read_text())
                 p = spec["parallel"]
+                peak = self.m.explicit_peak or mfu.device_peak_flops(
+                    self.m.device_name, p.get("precision", "fp32")
+                )
                 self._specs[spec_path] = (
                     mfu.flops_per_token(ModelSpec(**spec["model"])),
                     p["dp"] * p["pp"] * p["tp"],
+                    peak or self.m.peak_flops,
                 )
             except (OSError, ValueError, KeyError, TypeError) as e:
                 log.warning("no MFU for %s: %s", spec_path, e)
