@@ -16,12 +16,13 @@ import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
-    model_validator,
 )
+
+from services.model_spec import PRESETS, ModelSpec  # noqa: F401  (PRESETS: re-exported)
+from services.spec_types import PathText, Strict, printable_path  # noqa: F401
 
 MAX_WORLD = 65536
 # Beyond any model this service could train (70b is the largest preset); a spec above it is a
@@ -30,126 +31,10 @@ MAX_PARAMS = 2 * 10**12
 MAX_STEPS = 10**9
 
 
-class Strict(BaseModel):
-    # strict: numbers must be numbers (no `true` for 1, no "5" for 5); int is accepted where
-    # a float is expected. allow_inf_nan=False: Infinity and NaN are refused everywhere.
-    model_config = ConfigDict(
-        extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False
-    )
-
-
 Beta = Annotated[float, Field(strict=True, ge=0, lt=1)]
 
 
-# name -> (layers, d_model, heads, vocab, seq_len). tiny: tests; small: demo on 2 CPU
-# cores; the rest exist for planning (parameter and FLOP counts), built on `meta`.
-PRESETS: dict[str, dict[str, int]] = {
-    "tiny": dict(layers=4, d_model=64, heads=4, vocab=256, seq_len=32),
-    "small": dict(layers=8, d_model=256, heads=8, vocab=1024, seq_len=128),
-    "1b": dict(layers=16, d_model=2048, heads=32, vocab=128256, seq_len=4096),
-    "8b": dict(layers=32, d_model=4096, heads=32, vocab=128256, seq_len=8192),
-    "70b": dict(layers=80, d_model=8192, heads=64, vocab=128256, seq_len=8192),
-}
-
-
-class ModelSpec(Strict):
-    preset: Literal["tiny", "small", "1b", "8b", "70b"] | None = None
-    layers: int = Field(gt=0, le=1024)
-    d_model: int = Field(gt=0, le=65536)
-    heads: int = Field(gt=0, le=1024)
-    vocab: int = Field(ge=2, le=1_048_576)
-    seq_len: int = Field(ge=2, le=1_048_576)
-    ffn_hidden: int | None = Field(default=None, gt=0, le=1_048_576)
-    rope_theta: float = Field(default=10000.0, gt=0, le=1e12)
-    norm_eps: float = Field(default=1e-5, gt=0, lt=1)
-    experts: int = Field(
-        default=0,
-        ge=0,
-        le=4096,
-        description="Experts per layer: 0 is a dense model; above 0 every block's MLP is a "
-        "mixture of this many SwiGLU experts of hidden size ffn_hidden, behind a top_k router "
-        '(docs/architecture.md, "Experts").',
-    )
-    top_k: int = Field(
-        default=2,
-        ge=1,
-        le=64,
-        description="Experts each token is routed to (with experts > 0); their outputs are "
-        "summed, weighted by the softmax of the router logits of the chosen experts.",
-    )
-    capacity_factor: float = Field(
-        default=0.0,
-        ge=0,
-        le=64,
-        description="0: dropless routing, every choice is computed. c > 0: each expert takes "
-        "at most ceil(c * seq_len * top_k / experts) of one sequence's choices (first choices "
-        "first, then by position); the rest are dropped and counted in the drop-rate metric.",
-    )
-    aux_loss_coef: float = Field(
-        default=0.01,
-        ge=0,
-        le=10,
-        description="Weight of the load-balancing loss (Switch's, computed per sequence) in the "
-        "training objective; 0 turns it off. The reported loss is the cross-entropy alone.",
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _apply_preset(cls, data: Any) -> Any:
-        # a non-string preset (a list, a dict: unhashable) is left to the field's own check
-        if (
-            isinstance(data, dict)
-            and isinstance(data.get("preset"), str)
-            and data["preset"] in PRESETS
-        ):
-            return {**PRESETS[data["preset"]], **data}
-        return data
-
-    @property
-    def params(self) -> int:
-        """Embedding + per layer (2 RMSNorms, q/k/v/o, SwiGLU gate/up/down, or the router and
-        every expert's) + final norm + head; analytic (no torch), so admission can use it."""
-        return self._count(max(1, self.experts))
-
-    @property
-    def active_params(self) -> int:
-        """The parameters one token runs through: `params` with top_k experts, not all."""
-        return self._count(min(self.top_k, self.experts) if self.experts else 1)
-
-    def _count(self, ffns: int) -> int:
-        d = self.d_model
-        router = d * self.experts
-        per_layer = 2 * d + 4 * d * d + ffns * 3 * d * self.ffn + router
-        return self.vocab * d + self.layers * per_layer + d + d * self.vocab
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.heads
-
-    @property
-    def ffn(self) -> int:
-        """SwiGLU hidden size: ~8/3 d_model rounded up to a multiple of 64."""
-        if self.ffn_hidden is not None:
-            return self.ffn_hidden
-        return -(-int(8 * self.d_model / 3) // 64) * 64
-
-
 DataSource = str  # "synthetic" | "text:PATH" | "tokens:PATH"
-
-
-def printable_path(text: str) -> str:
-    """`text` if it holds no NUL or other control character: a path with one cannot name a
-    file (the OS stops at NUL) and would reach logs and the mesh page as it is."""
-    bad = [c for c in text if ord(c) < 32 or ord(c) == 127]
-    if bad:
-        raise ValueError(
-            f"holds a control character ({bad[0]!r}); a path is printable text, give it "
-            "without NUL, newline or escape characters"
-        )
-    return text
-
-
-PathText = Annotated[str, AfterValidator(printable_path)]
 
 
 class DataSpec(Strict):
@@ -524,23 +409,42 @@ def consistency_problems(s: JobSpec) -> list[Problem]:
         )
     if p.world_size > MAX_WORLD:
         bad("parallel", f"dp*pp*tp = {p.world_size} exceeds {MAX_WORLD} ranks; lower dp, pp or tp")
-    if m.d_model % m.heads:
+    if m.head_dim is None and m.d_model % m.heads:
         bad(
             "model.heads",
             f"d_model ({m.d_model}) must be divisible by heads ({m.heads}); "
-            f"choose heads in {{{_divisors(m.d_model)}}}",
+            f"choose heads in {{{_divisors(m.d_model)}}}, or set model.head_dim",
         )
-    elif m.head_dim % 2:
+    elif m.head_size % 2:
         bad(
-            "model.heads",
-            f"head dim d_model/heads = {m.head_dim} must be even for RoPE; "
-            "halve heads or double d_model",
+            "model.head_dim" if m.head_dim else "model.heads",
+            f"head dim {m.head_size} must be even for RoPE; "
+            + ("choose an even head_dim" if m.head_dim else "halve heads or double d_model"),
+        )
+    if m.heads % m.key_value_heads:
+        bad(
+            "model.kv_heads",
+            f"heads ({m.heads}) must be a multiple of kv_heads ({m.key_value_heads}): each KV "
+            f"head serves the same number of query heads; choose kv_heads in "
+            f"{{{_divisors(m.heads)}}}",
         )
     if m.heads % p.tp:
         bad(
             "parallel.tp",
             f"model.heads ({m.heads}) must be divisible by tp ({p.tp}); "
             f"choose tp in {{{_divisors(m.heads)}}}",
+        )
+    elif m.key_value_heads % p.tp:
+        bad(
+            "parallel.tp",
+            f"model.kv_heads ({m.key_value_heads}) must be divisible by tp ({p.tp}): TP gives "
+            f"each rank whole KV heads; choose tp in {{{_divisors(m.key_value_heads)}}}",
+        )
+    if m.tie_embeddings and (p.tp > 1 or p.pp > 1):
+        bad(
+            "model.tie_embeddings",
+            f"a tied embedding and LM head runs at tp 1 and pp 1 only for now (tp={p.tp}, "
+            f"pp={p.pp}); use parallel.dp with zero 3, which shards it, or untie them",
         )
     if m.ffn % p.tp:
         bad(

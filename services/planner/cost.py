@@ -79,8 +79,9 @@ def step_cost(spec: JobSpec, layout: Layout, cluster: Cluster) -> StepCost:
         return _gemm_s(tokens, k, n, flops, dev.memory_bw, elem)
 
     # one block, one microbatch, forward
-    attn = 2 * b * s * s * d / tp / flops  # causal SDPA: half of QK^T and PV
-    block_fwd = 3 * gemm(d, d // tp) + gemm(d // tp, d) + 2 * gemm(d, f // tp) + gemm(f // tp, d)
+    q, kv = m.q_width // tp, m.kv_width // tp
+    attn = 2 * b * s * s * q / flops  # causal SDPA: half of QK^T and PV
+    block_fwd = gemm(d, q) + 2 * gemm(d, kv) + gemm(q, d) + 2 * gemm(d, f // tp) + gemm(f // tp, d)
     block_fwd += attn + OPS_PER_BLOCK * dev.op_overhead_s
     recompute = block_fwd if layout.activation_checkpointing else 0.0
     block = 3 * block_fwd + recompute  # backward costs two forwards

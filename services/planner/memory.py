@@ -45,8 +45,9 @@ class MemoryAnatomy:
 
 def layer_params(spec: JobSpec) -> tuple[int, int]:
     """(TP-sharded, replicated) parameters of one transformer block."""
-    d, f = spec.model.d_model, spec.model.ffn
-    return 4 * d * d + 3 * d * f, 2 * d
+    m = spec.model
+    norms = 2 * m.head_size if m.qk_norm else 0  # per-head q/k gains: every TP rank holds them
+    return m.attention_params - norms + 3 * m.d_model * m.ffn, 2 * m.d_model + norms
 
 
 def vocab_sharded(spec: JobSpec, tp: int) -> bool:
@@ -60,15 +61,18 @@ def act_bytes(spec: JobSpec) -> int:
 def layer_activations(spec: JobSpec, tp: int, tokens: int) -> int:
     """Bytes one block saves for backward for `tokens` tokens. Counted from the model
     (worker/trainer/model.py): per token, q and k before and after RoPE, v, the attention
-    output and its contiguous copy (7 d, split over tp) and the SwiGLU gate, its SiLU, up and
+    output and its contiguous copy (4 q_width + 3 kv_width: 7 d without grouped-query
+    attention, split over tp) and the SwiGLU gate, its SiLU, up and
     their product (4 ffn, split over tp); the two RMSNorms keep their input, the normalized
     input and their output (6 d, split over tp only under sequence parallelism, which then
     all-gathers the attention's and the MLP's inputs whole: 2 d more; see
     worker/trainer/parallel.py)."""
-    d, f = spec.model.d_model, spec.model.ffn
+    m = spec.model
+    d, f = m.d_model, m.ffn
     sequence_parallel = spec.parallel.sequence_parallel and tp > 1
     norms = 6 * d / tp + 2 * d if sequence_parallel else 6 * d
-    return int(tokens * ((7 * d + 4 * f) / tp + norms) * act_bytes(spec))
+    attention = 4 * m.q_width + 3 * m.kv_width
+    return int(tokens * ((attention + 4 * f) / tp + norms) * act_bytes(spec))
 
 
 def in_flight(layout: Layout, position: str, layers: int) -> float:
@@ -107,7 +111,8 @@ def memory_at(spec: JobSpec, layout: Layout, cluster: Cluster, position: str) ->
     if position in ("first", "only"):
         edge += vocab_rows  # embedding
     if position in ("last", "only"):
-        edge += vocab_rows + m.d_model  # LM head and final norm
+        head = 0 if m.tie_embeddings else vocab_rows  # a tied head is the embedding itself
+        edge += head + m.d_model  # LM head and final norm
     local = blocks * block + edge  # parameters of this rank's stage(s), before ZeRO
     shard = local / dp if layout.zero in (2, 3) else local
     # zero 2 under a pipeline accumulates unsharded gradients until the step's last

@@ -161,9 +161,13 @@ def candidates(spec: JobSpec, cluster: Cluster) -> Iterator[Layout]:
     """Every layout the spec's own checks accept and the topology allows."""
     m, batch = spec.model, spec.train.global_batch
     for tp in divisors(cluster.devices_per_worker):
-        if m.heads % tp or m.ffn % tp or (spec.parallel.loss_parallel and m.vocab % tp):
+        if m.heads % tp or m.key_value_heads % tp or m.ffn % tp:
+            continue
+        if (spec.parallel.loss_parallel and m.vocab % tp) or (m.tie_embeddings and tp > 1):
             continue
         for pp in divisors(m.layers):
+            if m.tie_embeddings and pp > 1:
+                break
             if pp * tp > cluster.devices:
                 break
             for dp in divisors(batch):

@@ -35,7 +35,7 @@ def main() -> None:
     layer = build_model(cfg, seed=0).layers["0"]  # the model's own init, same on every rank
     blocks = {"mlp": layer.mlp, "attention": layer.attn}
     x = torch.randn(3, cfg.seq_len, cfg.d_model, generator=torch.Generator().manual_seed(1))
-    cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
+    cos, sin = rope_tables(cfg)
     for name, ref in blocks.items():
         tp = parallelize_module(copy.deepcopy(ref), mesh, PLANS[name])
         args = (cos, sin) if name == "attention" else ()

@@ -14,16 +14,30 @@ from worker import mfu
 from worker.agent.metrics_endpoint import AgentMetrics, _AgentCollector
 from worker.trainer import model
 
+EXPLICIT = {"layers": 3, "d_model": 96, "heads": 6, "vocab": 500, "seq_len": 40}
 SHAPES = [{"preset": p} for p in PRESETS] + [
-    {"layers": 3, "d_model": 96, "heads": 6, "vocab": 500, "seq_len": 40, "ffn_hidden": 200}
+    {**EXPLICIT, "ffn_hidden": 200},
+    # grouped-query attention, Qwen2's biases, Qwen3's head_dim and q/k norms, a tied head
+    {**EXPLICIT, "kv_heads": 2, "qkv_bias": True, "tie_embeddings": True},
+    {**EXPLICIT, "kv_heads": 3, "head_dim": 32, "qk_norm": True},
 ]
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.get("preset", "explicit"))
+@pytest.mark.parametrize(
+    "shape",
+    SHAPES,
+    ids=["tiny", "small", "1b", "8b", "70b", "explicit", "gqa-bias-tied", "qk-norm"],
+)
 def test_flops_per_token_matches_the_model(shape):
     m = ModelSpec(**shape)
     assert mfu.param_count(m) == model.param_count(m)
     assert mfu.flops_per_token(m) == model.flops_per_token(m)
+
+
+def test_the_8b_and_70b_presets_count_llama_3s_parameters():
+    # Meta's model cards: Llama 3 8B has 8.03 B parameters, Llama 3 70B 70.6 B
+    assert round(ModelSpec(preset="8b").params / 1e9, 2) == 8.03
+    assert round(ModelSpec(preset="70b").params / 1e9, 1) == 70.6
 
 
 def test_mfu_is_each_ranks_share_of_the_global_throughput_over_its_peak():

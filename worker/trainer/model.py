@@ -28,14 +28,35 @@ from services.spec import ModelSpec
 from worker.trainer.moe import MoE
 
 
-def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    ang = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv)
+def rope_frequencies(cfg: ModelSpec) -> torch.Tensor:
+    """RoPE's angular frequency of each pair of a head's dimensions (float64), with Llama
+    3.1's scaling where the spec asks for it."""
+    d = cfg.head_size
+    inv = 1.0 / cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    sc = cfg.rope_scaling
+    if sc is None:
+        return inv
+    # Llama 3.1: wavelengths past the original context / low_freq_factor are slowed by
+    # `factor`; those below original / high_freq_factor are kept; those between are blended,
+    # linearly in original / wavelength.
+    wavelength = 2 * math.pi / inv
+    original = sc.original_max_position_embeddings
+    blend = (original / wavelength - sc.low_freq_factor) / (
+        sc.high_freq_factor - sc.low_freq_factor
+    )
+    blended = (1 - blend) * inv / sc.factor + blend * inv
+    kept = torch.where(wavelength < original / sc.high_freq_factor, inv, blended)
+    return torch.where(wavelength > original / sc.low_freq_factor, inv / sc.factor, kept)
+
+
+def rope_tables(cfg: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    ang = torch.outer(torch.arange(cfg.seq_len, dtype=torch.float64), rope_frequencies(cfg))
     return ang.cos().float(), ang.sin().float()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: (B, T, H, D); rotate interleaved pairs
+    # x: (B, T, H, D); rotate interleaved pairs (a Hugging Face checkpoint's half-split q and
+    # k rows are permuted into this order on import: worker/hf/llama.py)
     x1, x2 = x[..., 0::2], x[..., 1::2]
     c, s = cos[None, : x.shape[1], None, :], sin[None, : x.shape[1], None, :]
     # the tables stay fp32 (rotation angles lose precision in bf16); the result takes x's dtype
@@ -43,20 +64,33 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, d_model: int, heads: int):
+    """Grouped-query attention: `heads` query heads share `kv_heads` key/value heads, each
+    KV head serving a consecutive run of heads/kv_heads query heads (so TP, which gives a
+    rank consecutive runs of both, keeps every pairing on one rank)."""
+
+    def __init__(self, cfg: ModelSpec):
         super().__init__()
-        self.head_dim = d_model // heads
-        self.q = nn.Linear(d_model, d_model, bias=False)
-        self.k = nn.Linear(d_model, d_model, bias=False)
-        self.v = nn.Linear(d_model, d_model, bias=False)
-        self.o = nn.Linear(d_model, d_model, bias=False)
+        d, self.head_dim = cfg.d_model, cfg.head_size
+        self.q = nn.Linear(d, cfg.q_width, bias=cfg.qkv_bias)
+        self.k = nn.Linear(d, cfg.kv_width, bias=cfg.qkv_bias)
+        self.v = nn.Linear(d, cfg.kv_width, bias=cfg.qkv_bias)
+        self.o = nn.Linear(cfg.q_width, d, bias=False)
+        # Qwen3: one RMSNorm over each head's q and k, before RoPE
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
-        # -1 heads: under TP each rank holds heads/tp of them
-        q = apply_rope(self.q(x).view(b, t, -1, self.head_dim), cos, sin)
-        k = apply_rope(self.k(x).view(b, t, -1, self.head_dim), cos, sin)
+        # -1 heads: under TP each rank holds heads/tp and kv_heads/tp of them
+        q = self.q(x).view(b, t, -1, self.head_dim)
+        k = self.k(x).view(b, t, -1, self.head_dim)
         v = self.v(x).view(b, t, -1, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        group = q.shape[2] // k.shape[2]
+        if group > 1:
+            k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
         y = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
         )
@@ -78,7 +112,7 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelSpec):
         super().__init__()
         self.attn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.attn = Attention(cfg.d_model, cfg.heads)
+        self.attn = Attention(cfg)
         self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         # a mixture of experts stands where the dense MLP would (model.experts > 0)
         self.mlp = MoE(cfg) if cfg.experts else SwiGLU(cfg.d_model, cfg.ffn)
@@ -95,8 +129,13 @@ class Transformer(nn.Module):
         self.embed: nn.Embedding | None = nn.Embedding(cfg.vocab, cfg.d_model)
         self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.layers)})
         self.norm: nn.RMSNorm | None = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.head: nn.Linear | None = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
-        cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
+        # tied: the logits are computed with the embedding's own weight (`forward`), so the
+        # one tensor is trained once and FSDP holds it in one group (tp 1, pp 1: spec.py)
+        self.tied = cfg.tie_embeddings
+        self.head: nn.Linear | None = (
+            None if self.tied else nn.Linear(cfg.d_model, cfg.vocab, bias=False)
+        )
+        cos, sin = rope_tables(cfg)
         # non-persistent: derived from the spec, never checkpointed or sharded; on the meta
         # device until init_weights writes them
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -109,6 +148,8 @@ class Transformer(nn.Module):
             h = layer(h, self.rope_cos, self.rope_sin)
         if self.norm is not None:
             h = self.norm(h)
+        if self.tied:
+            return F.linear(h, self.embed.weight)
         return self.head(h) if self.head is not None else h
 
     @torch.no_grad()
@@ -135,7 +176,7 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def init_buffers(self) -> None:
         """The RoPE tables: derived from the spec, never restored (not in any state dict)."""
-        cos, sin = rope_tables(self.cfg.seq_len, self.cfg.head_dim, self.cfg.rope_theta)
+        cos, sin = rope_tables(self.cfg)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
 

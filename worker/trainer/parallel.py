@@ -106,9 +106,12 @@ class RankContext:
         return c.pp == self.dims.spec.pp - 1 and c.tp == 0
 
 
-def _block_plan(sequence_parallel: bool) -> dict:
-    """Heads and MLP widths split over TP; with sequence parallelism the norms run on
-    sequence shards, so attention and MLP gather their input first and reduce-scatter out."""
+def _block_plan(sequence_parallel: bool, qk_norm: bool = False) -> dict:
+    """Heads (query and key/value alike) and MLP widths split over TP; with sequence
+    parallelism the norms run on sequence shards, so attention and MLP gather their input
+    first and reduce-scatter out. Per-head q/k norms (Qwen3) see this rank's heads only: their
+    gains are replicated DTensors over a head-sharded input (dim 2 of (B, T, H, D)), so each
+    gain's gradient is summed over the TP ranks' heads, as torchtitan's Qwen3 plan does."""
     plan = {
         "attn.q": ColwiseParallel(),
         "attn.k": ColwiseParallel(),
@@ -116,6 +119,9 @@ def _block_plan(sequence_parallel: bool) -> dict:
         "mlp.gate": ColwiseParallel(),
         "mlp.up": ColwiseParallel(),
     }
+    if qk_norm:
+        for norm in ("attn.q_norm", "attn.k_norm"):
+            plan[norm] = SequenceParallel(sequence_dim=2, use_local_output=True)
     if not sequence_parallel:
         return plan | {"attn.o": RowwiseParallel(), "mlp.down": RowwiseParallel()}
     return plan | {
@@ -168,7 +174,8 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, p: ParallelSpec) -> None:
     with `loss_parallel`, sequence-parallel norms with `sequence_parallel`. A mixture of
     experts takes its input in whatever layout the norm leaves and splits its experts itself
     (`apply_experts`)."""
-    block_plan = _block_plan(p.sequence_parallel)
+    qk_norm = any(block.attn.q_norm is not None for block in model.layers.values())
+    block_plan = _block_plan(p.sequence_parallel, qk_norm)
     stream = Shard(1) if p.sequence_parallel else Replicate()
     moe_plan = {k: v for k, v in block_plan.items() if not k.startswith("mlp.")} | {
         # the layer's input as a DTensor, so it knows the layout to gather from and return to
