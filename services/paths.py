@@ -84,11 +84,25 @@ def _walk(root: Path, parts: tuple[str, ...], must_exist: bool, refused: PathRef
 def confine_spec(
     spec: dict, data_roots: Sequence[Path], checkpoint_roots: Sequence[Path], *, on_host: bool
 ) -> dict:
-    """The spec (JSON form) with `data.source` and `checkpoint.root` checked against the roots;
-    `on_host` (the agent): the data file must exist, and both come back resolved. SpecError
+    """The spec (JSON form) with `model.hf`, `data.source` and `checkpoint.root` checked
+    against the roots; `on_host` (the agent): the model directory and the data file must
+    exist, and all come back resolved. SpecError
     names each refused field and its fix."""
     data, ckpt = dict(spec.get("data") or {}), dict(spec.get("checkpoint") or {})
+    model = dict(spec.get("model") or {})
     problems = []
+    if model.get("hf"):  # a model directory is data: the same roots, the same refusals
+        try:
+            # its config.json, which every reader opens first, must lie under a root too
+            config = confine(str(Path(model["hf"]) / "config.json"), data_roots, must_exist=on_host)
+            model["hf"] = str(config.parent)
+        except PathRefused as e:
+            fix = (
+                "add a data root (controller and agent flag --data-root)"
+                if not data_roots
+                else ("move the model directory under a data root")
+            )
+            problems.append(Problem("model.hf", f"{e}; {fix}"))
     kind, _, path = str(data.get("source", "synthetic")).partition(":")
     if kind in ("text", "tokens"):
         try:
@@ -115,4 +129,4 @@ def confine_spec(
             )
     if problems:
         raise SpecError(problems)
-    return {**spec, "data": data, "checkpoint": ckpt}
+    return {**spec, "model": model, "data": data, "checkpoint": ckpt}

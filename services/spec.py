@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
@@ -21,8 +20,9 @@ from pydantic import (
     field_validator,
 )
 
+from services.hf_config import with_hf_architecture
 from services.model_spec import PRESETS, ModelSpec  # noqa: F401  (PRESETS: re-exported)
-from services.spec_types import PathText, Strict, printable_path  # noqa: F401
+from services.spec_types import PathText, Problem, SpecError, Strict, printable_path  # noqa: F401
 
 MAX_WORLD = 65536
 # Beyond any model this service could train (70b is the largest preset); a spec above it is a
@@ -361,23 +361,6 @@ class JobSpec(Strict):
         description="Fault injection (tests and demonstrations only): refused unless the "
         "controller runs with --allow-chaos and the submitter is an admin.",
     )
-
-
-@dataclass(frozen=True)
-class Problem:
-    field: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.message}"
-
-
-class SpecError(ValueError):
-    """An invalid spec; `problems` names each field and its fix."""
-
-    def __init__(self, problems: list[Problem]):
-        self.problems = problems
-        super().__init__("invalid job spec:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
@@ -762,6 +745,8 @@ def parse_spec(data: Any) -> JobSpec:
 
 
 def load_spec(path: str | Path) -> JobSpec:
+    """The spec file at `path`, with `model.hf`'s architecture read from its config.json
+    (services/hf_config.py)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -771,7 +756,7 @@ def load_spec(path: str | Path) -> JobSpec:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (yaml.YAMLError, json.JSONDecodeError) as e:
         raise SpecError([Problem("(file)", f"{path} is not valid YAML/JSON: {e}")]) from None
-    return parse_spec(data)
+    return parse_spec(with_hf_architecture(data))
 
 
 def check_world_size(spec: JobSpec, world_size: int) -> None:

@@ -3,6 +3,7 @@ paths (services/spec.py, services/model_spec.py)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
@@ -29,3 +30,20 @@ def printable_path(text: str) -> str:
 
 
 PathText = Annotated[str, AfterValidator(printable_path)]
+
+
+@dataclass(frozen=True)
+class Problem:
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+class SpecError(ValueError):
+    """An invalid spec; `problems` names each field and its fix."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("invalid job spec:\n" + "\n".join(f"  - {p}" for p in problems))
