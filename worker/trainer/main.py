@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from services.spec import JobSpec, SpecError, check_world_size, load_spec
 from worker.ckpt_store import CheckpointStore, read_history
+from worker.hf.weights import WeightsError
 from worker.progress import Collectives, counters_path
 from worker.snapshots import SnapshotPlan
 from worker.trainer.anomaly import AnomalyWatch
@@ -406,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         return run(args)
-    except (SpecError, DataError, StorageNotShared) as e:
+    except (SpecError, DataError, StorageNotShared, WeightsError) as e:
         print(f"meshkeeper: {e}", file=sys.stderr)
         return 2
     except ResumeRefused as e:

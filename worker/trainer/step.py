@@ -21,6 +21,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from services.records import ExpertLoad
 from services.spec import JobSpec
+from worker.hf.weights import load_into
 from worker.progress import Collectives
 from worker.trainer.data import Batches
 from worker.trainer.memory import peak_mem_bytes
@@ -109,7 +110,12 @@ class Trainer:
             self.init_weights()
 
     def init_weights(self) -> None:
-        """The seed's initial parameters (worker/trainer/model.py, `init_weights`)."""
+        """The initial parameters: `model.hf`'s weights (worker/hf/weights.py), or the
+        seed's (worker/trainer/model.py, `init_weights`)."""
+        m = self.spec.model
+        if m.hf and m.hf_weights:
+            load_into(self.parts, m, m.hf)
+            return
         for part in self.parts:
             part.init_weights(self.spec.train.seed)
 
