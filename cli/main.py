@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
-from cli import logs, plan, render
+from cli import export, logs, plan, render
 from cli.demo import run_demo
 from cli.local_stack import LocalStack, StackConfig, StackError, wait_ready
 from cli.watch import TERMINAL, watch
@@ -237,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_workers)
     plan.add_parser(sub)
     logs.add_parser(sub)
+    export.add_parser(sub)
     p = sub.add_parser("ready", help="wait for the controller and N workers (for scripts)")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--timeout", type=float, default=60)

@@ -173,6 +173,27 @@ def remove_checkpoints(job_dir: Path, ptrs: list[Pointer]) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
+def check_files(ckpt: Committed, names: list[str]) -> None:
+    """DamagedCheckpoint unless each of `names` matches its manifest entry (hashed on a
+    thread pool); the first bad one in name order is reported."""
+    where = f"{ckpt.path.parent.name}/{ckpt.path.name}"
+    want = ckpt.manifest["files"]
+
+    def problem(name: str) -> str | None:
+        p = ckpt.path / name
+        if not p.is_file():
+            return f"missing file {name}"
+        if p.stat().st_size != want[name]["bytes"] or _sha256(p) != want[name]["sha256"]:
+            return f"checksum mismatch in {name}"
+        return None
+
+    names = sorted(names)
+    with ThreadPoolExecutor(max(1, min(HASH_THREADS, len(names)))) as pool:
+        found = [x for x in pool.map(problem, names) if x]
+    if found:
+        raise DamagedCheckpoint(f"{where}: {found[0]}")
+
+
 class CheckpointStore:
     """The checkpoints of one job as written by one generation.
 
@@ -238,30 +259,10 @@ class CheckpointStore:
             raise DamagedCheckpoint(f"{where}: manifest lists no DCP .metadata")
         return Committed(ptr.step, d, manifest)
 
-    def check_files(self, ckpt: Committed, names: list[str]) -> None:
-        """DamagedCheckpoint unless each of `names` matches its manifest entry (hashed on a
-        thread pool); the first bad one in name order is reported."""
-        where = f"{ckpt.path.parent.name}/{ckpt.path.name}"
-        want = ckpt.manifest["files"]
-
-        def problem(name: str) -> str | None:
-            p = ckpt.path / name
-            if not p.is_file():
-                return f"missing file {name}"
-            if p.stat().st_size != want[name]["bytes"] or _sha256(p) != want[name]["sha256"]:
-                return f"checksum mismatch in {name}"
-            return None
-
-        names = sorted(names)
-        with ThreadPoolExecutor(max(1, min(HASH_THREADS, len(names)))) as pool:
-            found = [x for x in pool.map(problem, names) if x]
-        if found:
-            raise DamagedCheckpoint(f"{where}: {found[0]}")
-
     def verify(self, ptr: Pointer) -> Committed:
         """The checkpoint `ptr` names, if its manifest and every file match the pointer."""
         ckpt = self.read_manifest(ptr)
-        self.check_files(ckpt, list(ckpt.manifest["files"]))
+        check_files(ckpt, list(ckpt.manifest["files"]))
         return ckpt
 
     def first_valid(self, history: list[Pointer], warn) -> Committed | None:

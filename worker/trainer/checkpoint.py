@@ -61,6 +61,7 @@ from worker.ckpt_store import (
     Committed,
     DamagedCheckpoint,
     Pointer,
+    check_files,
     hash_timeout_s,
     remove_checkpoints,
     share,
@@ -325,7 +326,7 @@ class Checkpointer:
         try:
             ckpt = self.store.read_manifest(ptr)
             files = ckpt.manifest["files"]
-            self.store.check_files(ckpt, share(files, self.rank, self.world))
+            check_files(ckpt, share(files, self.rank, self.world))
         except DamagedCheckpoint as e:
             problem = str(e)
         problem = verdicts.agree(f"{ptr.generation}/{ptr.step}", problem, Path(ptr.path))

@@ -101,7 +101,12 @@ def make_checkpointer(
     root = args.checkpoint_root or spec.checkpoint.root
     if not root:
         return None
-    meta = {"job": spec.name, "torch": torch.__version__, "mesh": mesh_record(spec)}
+    meta = {
+        "job": spec.name,
+        "torch": torch.__version__,
+        "mesh": mesh_record(spec),
+        "model": spec.model.model_dump(mode="json"),  # what an export writes (worker/hf)
+    }
     store = CheckpointStore(root, spec.name, generation=args.generation, writer=args.job_id)
     history = read_history(args.restore_from) if args.restore_from else None
     return Checkpointer(
