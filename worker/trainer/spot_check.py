@@ -65,24 +65,30 @@ class SpotCheck:
             first = self._pass(x, y, step, bit)
             second = self._pass(x, y, step, None)
             differs = _differs(first, second)
-            if differs:
-                third = self._pass(x, y, step, None)
-                if _differs(first, third) and _differs(second, third):
-                    print(
-                        f"spot check at step {step}: three passes of one microbatch all differ "
-                        f"({', '.join(differs)}): the kernels are not deterministic on "
-                        f"{t.ctx.device}; nobody is blamed",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    differs = []
-        flag = torch.tensor([int(bool(differs))], device=t.ctx.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if not int(flag):
+            if not self._anywhere(differs):
+                return
+            # every rank runs the third pass: a pass runs the layout's collectives
+            third = self._pass(x, y, step, None)
+        if differs and _differs(first, third) and _differs(second, third):
+            print(
+                f"spot check at step {step}: three passes of one microbatch all differ "
+                f"({', '.join(differs)}): the kernels are not deterministic on "
+                f"{t.ctx.device}; nobody is blamed",
+                file=sys.stderr,
+                flush=True,
+            )
+            differs = []
+        if not self._anywhere(differs):
             return
         every: list = [None] * dist.get_world_size()
         dist.all_gather_object(every, {"rank": t.ctx.rank, "mismatch": differs})
         raise SilentCorruption(evidence(step, every))
+
+    def _anywhere(self, differs: list[str]) -> bool:
+        """Whether any rank of the world found a difference (a world all-reduce)."""
+        flag = torch.tensor([int(bool(differs))], device=self.trainer.ctx.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(int(flag))
 
     def _pass(self, x: torch.Tensor, y: torch.Tensor, step: int, bit: int | None) -> list[int]:
         """One forward and input-gradient backward of the microbatch: the fingerprints of its
