@@ -157,6 +157,13 @@ class ModelSpec(Strict):
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("hf") and "layers" not in data:
+            raise ValueError(
+                "with model.hf the architecture comes from its config.json, which `meshkeeper "
+                "submit` and the trainer read (services/hf_config.py); a spec sent to the API "
+                "directly must carry it: submit with the CLI, or add layers, d_model, heads, "
+                "kv_heads, head_dim, ffn_hidden, vocab and the rest"
+            )
         # a non-string preset (a list, a dict: unhashable) is left to the field's own check
         if (
             isinstance(data, dict)

@@ -386,6 +386,9 @@ class Stack:
         its own, as on node-local disks."""
         self.work, self.workers, self.hosts, self.devices = work, workers, hosts, devices
         self.shared_checkpoints = shared_checkpoints
+        # the data root of the controller and every agent: datasets and model directories
+        self.data = work / "data"
+        self.data.mkdir(parents=True, exist_ok=True)
         self.secrets = TestSecrets.create(work / "secrets")
         self.redis = redis_kind(work / "redis", self.secrets)
         self.redis.work.mkdir(parents=True)
@@ -405,7 +408,7 @@ class Stack:
             self.work / "logs",
             f"controller-{len(self.controllers)}",
             self.secrets,
-            ["--allow-chaos"],
+            ["--allow-chaos", "--data-root", str(self.data)],
         )
         self.controllers.append(c)
         return c
@@ -427,6 +430,7 @@ class Stack:
         )
         port = self.metrics_ports[wid] = free_port()
         argv = [*agent_argv(self.controller.url, self.secrets, wid, self.work, port), *via]
+        argv += ["--data-root", str(self.data)]
         if self.devices > 1:
             argv += ["--devices", str(self.devices)]
         if not self.shared_checkpoints:  # the last --checkpoint-root given wins
