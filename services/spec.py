@@ -335,6 +335,14 @@ class ChaosSpec(Strict):
         "oversized batch or model would (torch.OutOfMemoryError on a GPU, the CPU allocator's "
         "error on a CPU).",
     )
+    save_delay_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=3600,
+        description="Every checkpoint save's storage writer waits this long before it writes, "
+        "on every rank, as slow storage would: a save longer than fault_tolerance.hang_after_s "
+        "must not read as a hang.",
+    )
     min_step_s: float | None = Field(
         default=None,
         gt=0,

@@ -97,11 +97,13 @@ class DigestingWriter(dcp.FileSystemWriter):
     """DCP's file writer that passes the names of the files this rank wrote to `on_written`
     as soon as they are on disk, before the ranks gather their write results."""
 
-    def __init__(self, path: Path, on_written: Callable[[list[str]], None]):
+    def __init__(self, path: Path, on_written: Callable[[list[str]], None], delay_s: float = 0.0):
         super().__init__(path)
-        self.on_written = on_written
+        self.on_written, self.delay_s = on_written, delay_s
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> torch.futures.Future:
+        if self.delay_s:  # chaos.save_delay_s: storage this much slower, for the tests
+            time.sleep(self.delay_s)
         written = super().write_data(plan, planner)
         written.add_done_callback(self._written)
         return written
@@ -129,6 +131,7 @@ class Checkpointer:
         meta: dict,
         report: Callable[[dict], None],
         history: list[Pointer] | None = None,
+        write_delay_s: float = 0.0,
     ):
         """One optimizer and LR scheduler per model part (they share one schedule, saved
         once). `history`: the committed pointers (newest first) handed down by the agent;
@@ -138,6 +141,7 @@ class Checkpointer:
         self.optimizers = optimizers
         self.lr_schedulers = lr_schedulers
         self.data, self.report, self.history = data, report, history
+        self.write_delay_s = write_delay_s
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.group = dist.new_group(backend="gloo")  # saves never queue behind training collectives
         self.pending: Pending | None = None
@@ -171,7 +175,9 @@ class Checkpointer:
         dist.barrier(group=self.group)
         state = self.state_dict(step)
         writer = DigestingWriter(
-            path, lambda names: self.hashing.submit(write_digests, path, self.rank, names)
+            path,
+            lambda names: self.hashing.submit(write_digests, path, self.rank, names),
+            self.write_delay_s,
         )
         try:
             if self.mode == "sync":

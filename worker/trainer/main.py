@@ -36,6 +36,7 @@ from worker.trainer.chaos import BitFlips, DeviceOoms, StepFloor
 from worker.trainer.checkpoint import Checkpointer, restored_line
 from worker.trainer.data import DataError
 from worker.trainer.distributed import hold_timeouts, init_distributed, shutdown_distributed
+from worker.trainer.io_progress import IoProgress
 from worker.trainer.memory import return_freed_memory
 from worker.trainer.metrics_file import MetricsFile
 from worker.trainer.oom import EXIT_OOM, OutOfMemory, explain, is_out_of_memory
@@ -121,6 +122,7 @@ def make_checkpointer(
         meta=meta,
         report=metrics.write,
         history=history,
+        write_delay_s=spec.chaos.save_delay_s if spec.chaos else 0.0,
     )
 
 
@@ -131,6 +133,7 @@ def resume(
     spec: JobSpec,
     say,
     metrics: MetricsFile,
+    io: IoProgress,
 ) -> int:
     """Steps already completed: those of the old generation's in-memory snapshots when every
     rank's state is there (and no disk checkpoint is newer), else of the newest committed
@@ -168,9 +171,11 @@ def resume(
             )
             return hot.step
     t0 = time.perf_counter()
-    restored = ckpt.restore() if ckpt else None
+    with io.phase("restore"):
+        restored = ckpt.restore() if ckpt else None
     if restored is None:
-        trainer.init_weights()  # a fresh start: nothing was restored over the parameters
+        with io.phase("init"):  # a fresh start: nothing was restored over the parameters
+            trainer.init_weights()
         return 0
     say(restored_line(restored, mesh_record(spec)), flush=True)
     metrics.write(
@@ -227,6 +232,7 @@ def run(args: argparse.Namespace) -> int:
     # Milestones as they happen: the controller reads them as progress (a slow start is not
     # a hang) and turns them into a recovery's phase durations.
     metrics.write({"event": "started", "started_at": started_at})
+    io = IoProgress(metrics.write, spec.fault_tolerance.hang_after_s)
     return_freed_memory()  # before the first large tensor (memory.py)
     timeout_s = max(60.0, spec.fault_tolerance.hang_after_s)
     rank, world, device = init_distributed(timeout_s=timeout_s)
@@ -297,7 +303,7 @@ def run(args: argparse.Namespace) -> int:
         if spec.sdc.enabled:
             say(f"[meshkeeper] sdc: {sdc_line(spec, checks, spot is not None)}", flush=True)
         watch = AnomalyWatch(spec.sdc.anomaly_window, spec.sdc.anomaly_z)
-        start = resume(ckpt, plan, trainer, spec, say, metrics)
+        start = resume(ckpt, plan, trainer, spec, say, metrics, io)
         metrics.write({"event": "ready", "ready_at": time.time(), "start_step": start})
         results: list[StepResult] = []
         every, steps = spec.checkpoint.every_steps, spec.train.steps
@@ -367,13 +373,15 @@ def run(args: argparse.Namespace) -> int:
                 if ckpt:
                     ckpt.poll()
                     if save:
-                        ckpt.save(r.step)
+                        with io.phase("save", r.step):
+                            ckpt.save(r.step)
                 if pace:
                     pace.wait()
         except SilentCorruption as e:
             return corrupted(e, ckpt, snaps, metrics)
         if ckpt:
-            ckpt.close()
+            with io.phase("save", steps):  # the last save's upload and commit
+                ckpt.close()
         if snaps:
             snaps.close()
         if not results:

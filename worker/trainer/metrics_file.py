@@ -4,6 +4,7 @@ milestone ({"event": ...}), which the agent tails (docs/architecture.md, "Record
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -18,15 +19,19 @@ class MetricsFile:
     def __init__(self, template: str | None, rank: int):
         self.rank = rank
         self.file = None
+        self.lock = threading.Lock()
         if template and ("{rank}" in template or rank == 0):
             path = Path(template.replace("{rank}", str(rank)))
             path.parent.mkdir(parents=True, exist_ok=True)
             self.file = path.open("a", buffering=1)
 
     def write(self, record: dict) -> None:
-        """One line: a milestone or checkpoint event is {"event": name, ...}."""
+        """One line: a milestone or checkpoint event is {"event": name, ...}. From any thread
+        (the checkpoint's hashing, the I/O ticker): one line at a time."""
         if self.file:
-            self.file.write(json.dumps(record) + "\n")
+            line = json.dumps(record) + "\n"
+            with self.lock:
+                self.file.write(line)
 
     def step(self, r: StepResult) -> None:
         rec = StepRecord(
