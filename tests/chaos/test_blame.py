@@ -130,6 +130,19 @@ def test_busy_looping_rank_is_blamed_quarantined_and_probed_back(stack, uninterr
 LIMIT_MIB = 64
 
 
+def failed_out_of_memory(stack, spec: dict) -> tuple:
+    """Run the job to its end: it must fail with OutOfMemory at once, in its first generation,
+    with no recovery and its spare unspent (a spare has the same memory). (job, message)"""
+    j = Watch(stack, stack.client.submit(spec).id).finish(180)
+    assert j.phase == "Failed", (j.phase, [(c.type, c.reason, c.message) for c in j.conditions])
+    failed = j.condition("Failed")
+    assert failed.reason == "OutOfMemory", failed
+    assert (j.restarts, j.generation, j.recoveries) == (0, 1, []), j.recoveries
+    assert not {"RecoveryStarted", "ReplacingRank"} & {e.reason for e in events(stack, j.id)}
+    assert j.mesh.spares and not (set(j.mesh.spares) & {r.worker for r in j.mesh.ranks})
+    return j, failed.message
+
+
 def test_oom_killed_trainer_fails_the_job_without_spending_a_spare(stack):
     spec = tiny_spec(
         "blame-oom",
@@ -146,25 +159,13 @@ def test_oom_killed_trainer_fails_the_job_without_spending_a_spare(stack):
         fault_tolerance={"spares": 1, "dead_after_s": 2.0, "hang_after_s": 60},
         chaos={"memory_limit": [{"rank": 1, "mib": LIMIT_MIB}]},
     )
-    w = Watch(stack, stack.client.submit(spec).id)
-    j = w.finish(180)
-    assert j.phase == "Failed", (j.phase, [(c.type, c.reason, c.message) for c in j.conditions])
-    failed = j.condition("Failed")
-    assert failed.reason == "OutOfMemory", failed
-    msg = failed.message
+    j, msg = failed_out_of_memory(stack, spec)
     assert msg.startswith("rank 1 "), msg
     victim = next(r for r in j.mesh.ranks if r.rank == 1)
     assert f"worker {victim.worker}" in msg and "OOM killer" in msg, msg
     assert "peak memory (RSS) " in msg and "unknown" not in msg, msg
     assert f"memory cgroup limit {LIMIT_MIB} MiB" in msg and "zero 3" in msg, msg
-    assert (j.restarts, j.generation, j.recoveries) == (0, 1, []), (
-        j.restarts,
-        j.generation,
-        j.recoveries,
-    )
     assert victim.exit_code == -9, victim
-    assert not {"RecoveryStarted", "ReplacingRank"} & {e.reason for e in events(stack, j.id)}
-    assert j.mesh.spares and not (set(j.mesh.spares) & {r.worker for r in j.mesh.ranks})
     # the agent removes the group it made once the rank is gone: nothing left on the host
     parent, _ = memory_cgroup(stack.agents[victim.worker].pid)
     wait_until(lambda: not list(parent.glob(f"meshkeeper-*-{j.id}-*")), 30, "the group removed")
@@ -173,20 +174,8 @@ def test_oom_killed_trainer_fails_the_job_without_spending_a_spare(stack):
 def test_allocator_out_of_memory_fails_the_job_with_the_plan_and_no_spare_spent(stack):
     spec = mesh_spec("blame-alloc-oom", steps=20)
     spec["chaos"] = {"device_oom": [{"rank": 1, "step": 3}]}
-    w = Watch(stack, stack.client.submit(spec).id)
-    j = w.finish(180)
-    assert j.phase == "Failed", (j.phase, [(c.type, c.reason, c.message) for c in j.conditions])
-    failed = j.condition("Failed")
-    assert failed.reason == "OutOfMemory", failed
-    msg = failed.message
+    j, msg = failed_out_of_memory(stack, spec)
     assert msg.startswith("rank 1 exited with code 5 (out of memory): "), msg
     assert "can't allocate memory" in msg, msg  # the allocator's own words
     assert "the planner's estimate for dp=2 pp=1 tp=1 zero=3: " in msg, msg
     assert "GiB per rank" in msg and "parallel.zero 3" in msg, msg
-    assert (j.restarts, j.generation, j.recoveries) == (0, 1, []), (
-        j.restarts,
-        j.generation,
-        j.recoveries,
-    )
-    assert not {"RecoveryStarted", "ReplacingRank"} & {e.reason for e in events(stack, j.id)}
-    assert j.mesh.spares and not (set(j.mesh.spares) & {r.worker for r in j.mesh.ranks})
