@@ -221,3 +221,29 @@ def test_a_job_inside_the_roots_trains_on_the_file_and_checkpoints_where_its_spe
         spec_seen["data"]["source"]
         == f"text:{os.path.realpath(pool.data / 'agent' / 'corpus.txt')}"
     )
+
+
+def hf_job(name: str, directory: str) -> dict:
+    """A job starting from a Hugging Face directory, its architecture given (as the CLI sends)."""
+    model = {"hf": directory, "layers": 2, "d_model": 64, "heads": 4, "vocab": 256, "seq_len": 32}
+    return one_rank(name, model=model)
+
+
+def test_a_model_directory_outside_the_data_roots_gets_422_naming_model_hf(pool):
+    for path in ("/etc", f"{pool.data}/agent/escape", f"{pool.data}/../secret", "relative/model"):
+        body = refused(pool, hf_job("leak-model", path))
+        assert [p["field"] for p in body["problems"]] == ["model.hf"], body
+    assert not pool.client.jobs(), "a refused job must not be stored"
+
+
+def test_the_agent_refuses_a_model_directory_outside_its_own_roots(pool):
+    """The controller's root allows it, the agent's narrower one does not: exit code 2 with
+    model.hf named, and no trainer started."""
+    model_dir = pool.data / "controller-only-model"
+    model_dir.mkdir(exist_ok=True)
+    (model_dir / "config.json").write_text("{}")
+    jid = pool.client.submit(hf_job("agent-no-model", str(model_dir))).id
+    job = wait_phase(pool.client, jid, ("Failed", "Succeeded"), 60)
+    failed = job.condition("Failed")
+    assert job.phase == "Failed" and "exited with code 2" in failed.message, failed
+    assert "model.hf" in failed.message and "controller-only-model" in failed.message, failed
