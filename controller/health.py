@@ -28,11 +28,9 @@ import statistics
 
 from services.api import RankStatus
 from services.assignment import FROZEN_PROC_STATES
+from services.hang_bounds import hang_bound_s
 from services.records import FaultRecord
 
-STARTUP_GRACE_S = (
-    300.0  # per start-up milestone (import, rendezvous, restore): loaded hosts are slow
-)
 DETERMINISTIC_EXITS = {
     2: "invalid spec or data",
     3: "non-finite loss or gradient",
@@ -235,7 +233,7 @@ def hung(ranks: list[RankStatus], hang_after_s: float, now: float) -> list[Fault
         if r.state not in ("starting", "running", "assigned"):
             continue
         since = r.progress_at
-        bound = hang_after_s if r.first_step_at else max(hang_after_s, STARTUP_GRACE_S)
+        bound = hang_bound_s(hang_after_s, stepping=r.first_step_at is not None)
         if since is not None and now - since > bound:
             out.append(
                 fault(

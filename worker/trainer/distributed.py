@@ -5,9 +5,10 @@ On GPU (docs/architecture.md, "Parts", "Trainer": NCCL plus gloo) the rank's dev
 (worker/devices.py), and NCCL's failure handling is set so that a hang ends the way the
 controller expects (controller/aborts.py). Per torch 2.13's ProcessGroupNCCL environment
 variables (docs: torch_nccl_environment_variables):
-- the process group's timeout is the one `init_distributed` is given, aligned with
-  `fault_tolerance.hang_after_s` (worker/trainer/main.py): a collective that waits longer is
-  what the controller would call a hang;
+- the process group's timeout is the one `init_distributed` is given: on CUDA half the
+  controller's hang bound (services/hang_bounds.py), so the watchdog's abort, which names the
+  rank the others waited on, always arrives before the controller's own bound expires; every
+  group gets it (`hold_timeouts`), and it is shortened after the first step;
 - TORCH_NCCL_ASYNC_ERROR_HANDLING=3 (torch's default, kept unless the operator set it): on a
   timed-out or failed collective the watchdog tears the process down without aborting the
   communicator first (aborting can itself hang on a broken peer). The process dies of

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from services.hang_bounds import collective_timeout_s
 from services.spec import JobSpec, SpecError, check_world_size, load_spec
 from worker.ckpt_store import CheckpointStore, read_history
 from worker.hf.weights import WeightsError
@@ -234,7 +235,8 @@ def run(args: argparse.Namespace) -> int:
     metrics.write({"event": "started", "started_at": started_at})
     io = IoProgress(metrics.write, spec.fault_tolerance.hang_after_s)
     return_freed_memory()  # before the first large tensor (memory.py)
-    timeout_s = max(60.0, spec.fault_tolerance.hang_after_s)
+    hang_after_s = spec.fault_tolerance.hang_after_s
+    timeout_s = collective_timeout_s(hang_after_s, torch.cuda.is_available(), stepping=False)
     rank, world, device = init_distributed(timeout_s=timeout_s)
     quiesce = True
     try:
@@ -350,6 +352,9 @@ def run(args: argparse.Namespace) -> int:
                     guard.record(r.step)
                 results.append(r)
                 metrics.step(r)
+                if r.step == start + 1 and device.type == "cuda":  # the first step is done
+                    steady = collective_timeout_s(hang_after_s, cuda=True, stepping=True)
+                    metrics.write({"event": "groups", "timeout_s": hold_timeouts(groups, steady)})
                 for line in watch.observe(r.step, r.loss, r.grad_norm):
                     metrics.write(line)
                     say(
