@@ -8,10 +8,10 @@ Exit codes the controller reads as deterministic failures (a restart would repea
 docs/architecture.md, "Failure handling"): 2 for a spec, data or checkpoint that cannot be
 used as given, 3 for a non-finite loss or gradient, 5 for an allocator out of memory
 (worker/trainer/oom.py; the job fails with reason OutOfMemory). Exit code 4: silent data
-corruption, found
-by DP replicas whose state disagreed (worker/trainer/sdc.py) or by a re-executed microbatch
-that differed (worker/trainer/spot_check.py); the evidence is the metrics file's `sdc` line,
-and the controller replaces the blamed rank's worker and rolls back.
+corruption, found by DP replicas whose state disagreed (worker/trainer/sdc.py) or by a
+re-executed microbatch that differed (worker/trainer/spot_check.py); the evidence is the
+metrics file's `sdc` line, and the controller replaces the blamed rank's worker and rolls
+back.
 """
 
 from __future__ import annotations
@@ -233,9 +233,9 @@ def run(args: argparse.Namespace) -> int:
     # Milestones as they happen: the controller reads them as progress (a slow start is not
     # a hang) and turns them into a recovery's phase durations.
     metrics.write({"event": "started", "started_at": started_at})
-    io = IoProgress(metrics.write, spec.fault_tolerance.hang_after_s)
-    return_freed_memory()  # before the first large tensor (memory.py)
     hang_after_s = spec.fault_tolerance.hang_after_s
+    io = IoProgress(metrics.write, hang_after_s)
+    return_freed_memory()  # before the first large tensor (memory.py)
     timeout_s = collective_timeout_s(hang_after_s, torch.cuda.is_available(), stepping=False)
     rank, world, device = init_distributed(timeout_s=timeout_s)
     quiesce = True
