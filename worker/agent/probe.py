@@ -1,7 +1,9 @@
 """The health probe a quarantined worker must pass before it rejoins the pool.
 
 `python -m worker.agent.probe` (run by the agent, `Prober`): a matmul checked against a result known
-exactly, then a gloo all-reduce between two processes over localhost TCP. Prints one JSON
+exactly, then a gloo all-reduce between two processes over localhost TCP; on a worker with
+GPUs, every GPU also allocates 1 GiB and runs the same matmul, and one NCCL all-reduce runs
+across all of them. Prints one JSON
 line and exits 0 on a pass, 1 on a failure. The controller quarantines a worker it blamed
 (controller/faults.py) in `worker:{wid}:health`; once `quarantined_until` has passed, the
 agent runs this probe and writes `worker:{wid}:probe` {passed, at, detail}; only a pass taken
@@ -32,17 +34,56 @@ CHECK_EVERY_S = 2.0
 N = 64
 
 
-def _matmul() -> str | None:
-    """Small integers in fp32: every product and partial sum is exact, so the result must
-    equal the integer one bit for bit (a flaky core or a bad BLAS build does not)."""
-    import torch
-
+def _operands() -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+    """Two small-integer matrices and their exact product."""
     a = [[(i * 7 + j * 3) % 11 - 5 for j in range(N)] for i in range(N)]
     b = [[(i * 5 + j * 13) % 9 - 4 for j in range(N)] for i in range(N)]
     want = [[sum(a[i][k] * b[k][j] for k in range(N)) for j in range(N)] for i in range(N)]
-    got = (torch.tensor(a, dtype=torch.float32) @ torch.tensor(b, dtype=torch.float32)).tolist()
+    return a, b, want
+
+
+def _matmul(device: str = "cpu") -> str | None:
+    """Small integers in fp32: every product and partial sum is exact, so the result must
+    equal the integer one bit for bit (a flaky core, a bad BLAS build or a faulty GPU does
+    not)."""
+    import torch
+
+    a, b, want = _operands()
+    fp32 = {"dtype": torch.float32, "device": device}
+    got = (torch.tensor(a, **fp32) @ torch.tensor(b, **fp32)).tolist()
     bad = sum(1 for i in range(N) for j in range(N) if got[i][j] != want[i][j])
-    return f"matmul: {bad} of {N * N} entries wrong" if bad else None
+    return f"matmul on {device}: {bad} of {N * N} entries wrong" if bad else None
+
+
+GPU_ALLOC_BYTES = 1 << 30  # each GPU must still give out this much
+
+
+def _gpus() -> tuple[list[str], int]:
+    """On every GPU this worker's trainers would see: a 1 GiB allocation, the exact GEMM, and
+    one NCCL all-reduce across all of them (one process, a tensor per GPU). (problems, GPUs)"""
+    import torch
+
+    if not torch.cuda.is_available():
+        return [], 0
+    count, problems = torch.cuda.device_count(), []
+    for i in range(count):
+        try:
+            torch.empty(GPU_ALLOC_BYTES, dtype=torch.uint8, device=f"cuda:{i}")
+            problems += [p for p in (_matmul(f"cuda:{i}"),) if p]
+        except RuntimeError as e:  # an allocation, an Xid, an ECC error: all fail the probe
+            problems.append(f"cuda:{i}: {str(e).splitlines()[0]}")
+    if not problems:
+        try:
+            import torch.cuda.nccl as nccl
+
+            tensors = [torch.full((1024,), float(i + 1), device=f"cuda:{i}") for i in range(count)]
+            nccl.all_reduce(tensors)
+            want = count * (count + 1) / 2
+            if not all(bool((t == want).all()) for t in tensors):
+                problems.append(f"NCCL all-reduce over {count} GPU(s) gave a wrong sum")
+        except RuntimeError as e:
+            problems.append(f"NCCL all-reduce: {str(e).splitlines()[0]}")
+    return problems, count
 
 
 def _allreduce_rank(rank: int, port: int) -> None:
@@ -86,11 +127,16 @@ def main() -> int:
     t0 = time.monotonic()
     # the collective first: fork before torch starts any thread pool of its own
     problems = [p for p in (_collective(), _matmul()) if p]
+    on_gpus, gpus = _gpus()
+    problems += on_gpus
+    ok = "matmul and gloo all-reduce ok" + (
+        f"; allocation, matmul and NCCL all-reduce ok on {gpus} GPU(s)" if gpus else ""
+    )
     print(
         json.dumps(
             {
                 "passed": not problems,
-                "detail": "; ".join(problems) or "matmul and gloo all-reduce ok",
+                "detail": "; ".join(problems) or ok,
                 "seconds": round(time.monotonic() - t0, 2),
             }
         ),
