@@ -230,10 +230,16 @@ def hf_job(name: str, directory: str) -> dict:
 
 
 def test_a_model_directory_outside_the_data_roots_gets_422_naming_model_hf(pool):
-    for path in ("/etc", f"{pool.data}/agent/escape", f"{pool.data}/../secret", "relative/model"):
-        body = refused(pool, hf_job("leak-model", path))
-        assert [p["field"] for p in body["problems"]] == ["model.hf"], body
-    assert not pool.client.jobs(), "a refused job must not be stored"
+    """With the submitter's token, what a tenant holds."""
+    submitter = pool.client_as(pool.secrets.submitter_token)
+    try:
+        for path in ("/etc", f"{pool.data}/agent/escape", f"{pool.data}/../secret", "relative"):
+            r = submitter.http.post("/v1/jobs", json=hf_job("leak-model", path))
+            assert r.status_code == 422, r.text
+            assert [p["field"] for p in r.json()["problems"]] == ["model.hf"], r.text
+        assert "leak-model" not in {j.name for j in pool.client.jobs()}, "a refused job was stored"
+    finally:
+        submitter.close()
 
 
 def test_the_agent_refuses_a_model_directory_outside_its_own_roots(pool):
@@ -242,7 +248,11 @@ def test_the_agent_refuses_a_model_directory_outside_its_own_roots(pool):
     model_dir = pool.data / "controller-only-model"
     model_dir.mkdir(exist_ok=True)
     (model_dir / "config.json").write_text("{}")
-    jid = pool.client.submit(hf_job("agent-no-model", str(model_dir))).id
+    submitter = pool.client_as(pool.secrets.submitter_token)
+    try:
+        jid = submitter.submit(hf_job("agent-no-model", str(model_dir))).id
+    finally:
+        submitter.close()
     job = wait_phase(pool.client, jid, ("Failed", "Succeeded"), 60)
     failed = job.condition("Failed")
     assert job.phase == "Failed" and "exited with code 2" in failed.message, failed
