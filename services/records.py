@@ -55,6 +55,11 @@ class StepRecord(Record):
     rank: int
     time: float  # the trainer's wall clock (time.time()) when the step ended
     experts: ExpertLoad | None = None
+    epoch: int | None = None  # 0-based pass over a finite source the step's batch came from
+    # validation (eval.every_steps): mean loss over the held-out batches, after this step's
+    # update; eval_s is its wall time, counted in neither step_s nor tokens_per_s
+    eval_loss: float | None = None
+    eval_s: float | None = None
 
 
 class RankReport(Record):
