@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from controller.placement import natural_key
+from dataset.admission import check_dataset
+from dataset.format import MANIFEST
 from services import planner
 from services.paths import confine_spec
 from services.planner import Cluster, Layout
@@ -256,9 +258,15 @@ def admit(
     reason it can never run here."""
     problems: list[Problem] = []
     try:
-        confine_spec(
+        confined = confine_spec(
             spec.model_dump(mode="json"), cfg.data_roots, cfg.checkpoint_roots, on_host=False
         )
+        # a dataset the controller can read is checked now; one only the agents mount, by them
+        source = confined["data"]["source"]
+        if spec.data.kind == "dataset" and (Path(source.partition(":")[2]) / MANIFEST).is_file():
+            check_dataset(
+                spec.model_copy(update={"data": spec.data.model_copy(update={"source": source})})
+            )
     except SpecError as e:
         problems += e.problems
     pool = live_pool(store, alive_s)

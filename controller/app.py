@@ -40,6 +40,7 @@ from controller.plan_gate import PlanGate
 from controller.pool_limits import limit_problems, pending_problem
 from controller.service import Controller
 from controller.status import job_status, job_summary, workers_status
+from dataset.admission import with_epochs
 from services import api
 from services.redis_url import without_credentials
 from services.spec import JobSpec, SpecError, parse_spec
@@ -222,7 +223,7 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
             )
         data = await _read_json(request)
         try:
-            spec = parse_spec(data)
+            spec = parse_spec(with_epochs(data, ctl.cfg.admission.data_roots))
             if no := chaos_refusal(spec, who, ctl.cfg.admission.allow_chaos):
                 problem = {"field": no.problem.field, "message": no.problem.message}
                 raise ApiError(no.status, no.detail, [problem])

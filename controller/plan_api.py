@@ -16,6 +16,7 @@ from controller.admission import live_pool, pool_cluster
 from controller.auth import Principal
 from controller.plan_gate import PlanGate, PlanRefused
 from controller.service import Controller
+from dataset.admission import with_epochs
 from services import api, planner
 from services.spec import Problem, SpecError, parse_spec
 
@@ -63,7 +64,7 @@ def router(ctl: Controller, reader: params.Depends, gate: PlanGate) -> APIRouter
         a few plans run at once, and each owner may start only so many a minute (429 with
         Retry-After)."""
         try:
-            spec = parse_spec(body.spec)
+            spec = parse_spec(with_epochs(body.spec, ctl.cfg.admission.data_roots))
         except SpecError as e:  # fields said as paths in the request body
             return _unprocessable([Problem(f"spec.{p.field}", p.message) for p in e.problems])
         try:

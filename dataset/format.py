@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -32,7 +33,10 @@ class Frozen(BaseModel):
 
 
 class ShardEntry(Frozen):
-    name: str = Field(description="file name under the split's directory")
+    # a bare file name: a manifest must not lead a reader out of its dataset's directory
+    name: str = Field(
+        pattern=r"^shard-[0-9]{5,}\.bin$", description="file under the split's directory"
+    )
     tokens: int = Field(ge=0, description="token ids the file holds")
     sha256: str = Field(description="of the file's bytes")
 
@@ -55,6 +59,9 @@ class InputEntry(Frozen):
     bytes: int = Field(ge=0)
     documents: int = Field(ge=0)
     skipped: int = Field(default=0, ge=0, description="bad records left out (--skip-bad-records)")
+    sha256: str | None = Field(
+        default=None, description="of the file's bytes: a re-run over the same inputs is a no-op"
+    )
 
 
 class SplitRule(Frozen):
@@ -120,12 +127,20 @@ def read_manifest(directory: str | Path) -> Manifest:
     return manifest
 
 
+def split_dir(directory: str | Path, split: str) -> Path:
+    """DIR/split, refused where a link leads it out of DIR."""
+    path = Path(directory) / split
+    if Path(os.path.realpath(path)).parent != Path(os.path.realpath(directory)):
+        raise DatasetError(f"{path} leads out of {directory} (a link); prepare the dataset again")
+    return path
+
+
 def shard_path(directory: str | Path, split: str, name: str) -> Path:
-    return Path(directory) / split / name
+    return split_dir(directory, split) / name
 
 
 def docs_path(directory: str | Path, split: str) -> Path:
-    return Path(directory) / split / "docs.bin"
+    return split_dir(directory, split) / "docs.bin"
 
 
 def verify_files(

@@ -1,4 +1,4 @@
-"""Paths a job spec names (`data.source` text:/tokens:, `checkpoint.root`), confined to roots.
+"""Paths a job spec names (`data.source`, `model.hf`, `checkpoint.root`), confined to roots.
 
 A path is taken only when it is absolute, has no `..`, lies under one of the configured
 roots, and no component on the way is a symlink whose target leaves that root. Whatever the
@@ -17,7 +17,8 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from services.spec import Problem, SpecError
+from dataset.format import MANIFEST
+from services.spec import FILE_SOURCES, Problem, SpecError
 
 # Where agents keep hot recovery's in-memory snapshots by default (their --snapshot-dir): host
 # memory on Linux. Here, not in worker/, so `meshkeeper up` (cli/) can give each stack its own.
@@ -104,9 +105,13 @@ def confine_spec(
             )
             problems.append(Problem("model.hf", f"{e}; {fix}"))
     kind, _, path = str(data.get("source", "synthetic")).partition(":")
-    if kind in ("text", "tokens"):
+    if kind in FILE_SOURCES:
         try:
-            data["source"] = f"{kind}:{confine(path, data_roots, must_exist=on_host)}"
+            if kind == "dataset":  # its manifest, which every reader opens first
+                where = confine(str(Path(path) / MANIFEST), data_roots, must_exist=on_host).parent
+            else:
+                where = confine(path, data_roots, must_exist=on_host)
+            data["source"] = f"{kind}:{where}"
         except PathRefused as e:
             fix = (
                 "add a data root (controller and agent flag --data-root) or use "

@@ -34,24 +34,38 @@ MAX_STEPS = 10**9
 Beta = Annotated[float, Field(strict=True, ge=0, lt=1)]
 
 
-DataSource = str  # "synthetic" | "text:PATH" | "tokens:PATH"
+DataSource = str  # "synthetic" | "text:PATH" | "tokens:PATH" | "dataset:DIR"
+FILE_SOURCES = ("text", "tokens", "dataset")
 
 
 class DataSpec(Strict):
     source: Annotated[DataSource, AfterValidator(printable_path)] = Field(
-        default="synthetic", max_length=4096
+        default="synthetic",
+        max_length=4096,
+        description="'synthetic' (a seeded Markov chain), 'text:PATH' (a file's bytes), "
+        "'tokens:PATH' (a flat file of token ids) or 'dataset:DIR' (what `meshkeeper data "
+        "prepare` wrote, with a held-out split); paths lie under a data root (docs/data.md)",
     )
-    seed: int = Field(default=0, ge=0, lt=2**63)
-    token_dtype: Literal["uint16", "uint32"] = "uint16"
+    seed: int = Field(
+        default=0,
+        ge=0,
+        lt=2**63,
+        description="Keys the sample order: each epoch visits every window once, in an order "
+        "that depends on (seed, epoch) alone",
+    )
+    token_dtype: Literal["uint16", "uint32"] = Field(
+        default="uint16", description="The ids' width in a tokens: file"
+    )
 
     @field_validator("source")
     @classmethod
     def _source_form(cls, source: str) -> str:
         kind, _, path = source.partition(":")
-        if (kind == "synthetic" and not path) or (kind in ("text", "tokens") and path):
+        if (kind == "synthetic" and not path) or (kind in FILE_SOURCES and path):
             return source
         raise ValueError(
-            f"{source!r} is not understood; use 'synthetic', 'text:PATH' or 'tokens:PATH'"
+            f"{source!r} is not understood; use 'synthetic', 'text:PATH', 'tokens:PATH' or "
+            "'dataset:DIR'"
         )
 
     @property
@@ -121,6 +135,22 @@ class TrainSpec(Strict):
     betas: Annotated[tuple[Beta, Beta], Field(strict=False)] = (0.9, 0.95)
     grad_clip: float | None = Field(default=1.0, gt=0, le=1e6)
     seed: int = Field(default=0, ge=0, lt=2**63)
+
+
+class EvalSpec(Strict):
+    every_steps: int = Field(
+        gt=0,
+        le=MAX_STEPS,
+        description="Measure the loss on held-out data after every this many optimizer steps "
+        "(and after the last)",
+    )
+    batches: int = Field(
+        default=4,
+        gt=0,
+        le=10_000,
+        description="Global batches per measurement: the same ones every time, on every layout "
+        "(the held-out split must hold batches x train.global_batch windows)",
+    )
 
 
 class CheckpointSpec(Strict):
@@ -360,6 +390,11 @@ class JobSpec(Strict):
     data: DataSpec = DataSpec()
     parallel: ParallelSpec = ParallelSpec()
     train: TrainSpec
+    eval: EvalSpec | None = Field(
+        default=None,
+        description="Validation loss on the held-out split of a dataset: source (or on "
+        "synthetic data the chain never trains on); none by default",
+    )
     checkpoint: CheckpointSpec = CheckpointSpec()
     fault_tolerance: FaultToleranceSpec = FaultToleranceSpec()
     snapshot: SnapshotSpec = SnapshotSpec()
@@ -511,6 +546,12 @@ def consistency_problems(s: JobSpec) -> list[Problem]:
         bad("fault_tolerance.min_dp", f"min_dp ({ft.min_dp}) cannot exceed parallel.dp ({p.dp})")
     if s.data.kind == "text" and m.vocab < 256:
         bad("model.vocab", f"text data is bytes and needs vocab >= 256 (got {m.vocab})")
+    if s.eval and s.data.kind in ("text", "tokens"):
+        bad(
+            "eval",
+            f"a {s.data.kind}: file has no held-out split to measure on; prepare the corpus with "
+            "`meshkeeper data prepare` and use data.source dataset:DIR, or remove eval",
+        )
     out += chaos_problems(s)
     return out
 
@@ -754,7 +795,7 @@ def parse_spec(data: Any) -> JobSpec:
 
 def load_spec(path: str | Path) -> JobSpec:
     """The spec file at `path`, with `model.hf`'s architecture read from its config.json
-    (services/hf_config.py)."""
+    (services/hf_config.py) and `train.epochs` counted in steps (dataset/admission.py)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -764,7 +805,11 @@ def load_spec(path: str | Path) -> JobSpec:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (yaml.YAMLError, json.JSONDecodeError) as e:
         raise SpecError([Problem("(file)", f"{path} is not valid YAML/JSON: {e}")]) from None
-    return parse_spec(with_hf_architecture(data))
+    # imported here: dataset.admission confines paths through services.paths, which imports
+    # this module
+    from dataset.admission import with_epochs
+
+    return parse_spec(with_epochs(with_hf_architecture(data)))
 
 
 def check_world_size(spec: JobSpec, world_size: int) -> None:

@@ -1,8 +1,10 @@
 import numpy as np
 import pytest
 
+from dataset.format import DatasetError
+from dataset.synthetic import SyntheticMarkov
 from services.spec import DataSpec, ModelSpec
-from worker.trainer.data import Batches, DataError, SyntheticMarkov
+from worker.trainer.data import Batches
 
 TINY = ModelSpec(preset="tiny")
 
@@ -65,13 +67,13 @@ def test_text_and_token_files(tmp_path):
 
 
 def test_file_errors_name_the_fix(tmp_path):
-    with pytest.raises(DataError, match="does not exist"):
+    with pytest.raises(DatasetError, match="does not exist"):
         Batches(DataSpec(source=f"text:{tmp_path / 'nope'}"), TINY, 4, 1)
     short = tmp_path / "short.txt"
     short.write_bytes(b"abc")
-    with pytest.raises(DataError, match="fewer than seq_len"):
+    with pytest.raises(DatasetError, match="fewer than seq_len"):
         Batches(DataSpec(source=f"text:{short}"), TINY, 4, 1).local(0, 0)
     big = tmp_path / "big.bin"
     np.full(500, 60000, dtype=np.uint16).tofile(big)
-    with pytest.raises(DataError, match="raise model.vocab"):
+    with pytest.raises(DatasetError, match="raise model.vocab"):
         Batches(DataSpec(source=f"tokens:{big}"), TINY, 4, 1).local(0, 0)

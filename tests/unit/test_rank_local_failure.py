@@ -1,7 +1,7 @@
 """A failure on one rank alone ends that rank at once with its own exit code (worker/trainer
 main.py): it does not wait at the teardown barrier for peers that will never come, which
 turned a bad token file into a 60-second collective timeout. Here rank 1's first batch holds
-a token id past the vocabulary (a DataError, exit 2), and rank 0's batches are clean."""
+a token id past the vocabulary (a DatasetError, exit 2), and rank 0's batches are clean."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import time
 import numpy as np
 import pytest
 
+from dataset.format import DatasetError
 from services.spec import parse_spec
 from tests.launch import run_trainer
 from tests.stack import tiny_spec
-from worker.trainer.data import Batches, DataError
+from worker.trainer.data import Batches
 
 STEPS, SEQ = 3, 32
 HANG_AFTER_S = 60.0  # what the barrier would have waited
@@ -23,7 +24,7 @@ def fails(batches: Batches, dp_rank: int) -> bool:
     try:
         for step in range(STEPS):
             batches.local(step, dp_rank)
-    except DataError:
+    except DatasetError:
         return True
     return False
 

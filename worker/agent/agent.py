@@ -30,12 +30,13 @@ from pathlib import Path
 import redis
 from pydantic import ValidationError
 
+from dataset.admission import check_dataset
 from services.assignment import Assignment
 from services.paths import SNAPSHOT_ROOT as DEFAULT_SNAPSHOT_ROOT
 from services.paths import confine_spec
 from services.procs import stop_all
 from services.records import RankReport
-from services.spec import SpecError
+from services.spec import SpecError, parse_spec
 from services.store import Store, loads
 from worker.agent.heartbeat import Heartbeat
 from worker.agent.launcher import Launcher
@@ -312,6 +313,8 @@ class Agent:
         default_root = self.cfg.checkpoint_root or self.cfg.run_dir / "checkpoints"
         try:  # again on this host, whatever reached Redis: trainers get the resolved paths
             spec = confine_spec(spec, self.cfg.data_roots, [default_root], on_host=True)
+            if str(spec["data"].get("source", "")).startswith("dataset:"):
+                check_dataset(parse_spec(spec), sample_shards=generation == 0)
         except SpecError as e:
             return self._refuse(job, generation, asg, str(e))
         window = int(spec["fault_tolerance"].get("straggler", {}).get("window_steps", 20))

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from dataset.format import DatasetError
 from services.hang_bounds import collective_timeout_s
 from services.spec import JobSpec, SpecError, check_world_size, load_spec
 from worker.ckpt_store import CheckpointStore, read_history
@@ -35,7 +36,6 @@ from worker.snapshots import SnapshotPlan
 from worker.trainer.anomaly import AnomalyWatch
 from worker.trainer.chaos import BitFlips, DeviceOoms, StepFloor
 from worker.trainer.checkpoint import Checkpointer, restored_line
-from worker.trainer.data import DataError
 from worker.trainer.distributed import hold_timeouts, init_distributed, shutdown_distributed
 from worker.trainer.io_progress import IoProgress
 from worker.trainer.memory import return_freed_memory
@@ -257,10 +257,13 @@ def run(args: argparse.Namespace) -> int:
         trainer = Trainer(spec, ctx, collectives, weights=False)  # written by `resume`
         say = print if rank == 0 else (lambda *a, **k: None)
         floor = trainer.batches.entropy_floor()
+        windows = trainer.batches.source.windows
+        epochs = spec.train.steps * spec.train.global_batch / windows if windows else None
         say(
             f"[meshkeeper] {spec.name}: mesh dp={spec.parallel.dp} pp={spec.parallel.pp} "
             f"tp={spec.parallel.tp} zero={spec.parallel.zero}, {spec.train.steps} steps"
-            + (f", entropy floor {floor:.4f} nats" if floor is not None else ""),
+            + (f", entropy floor {floor:.4f} nats" if floor is not None else "")
+            + (f", {windows:,} windows an epoch ({epochs:.2f} epochs)" if windows else ""),
             flush=True,
         )
         ckpt = make_checkpointer(args, spec, trainer, metrics)
@@ -351,7 +354,11 @@ def run(args: argparse.Namespace) -> int:
                 if guard:
                     guard.record(r.step)
                 results.append(r)
-                metrics.step(r)
+                evaluated = spec.eval and (r.step % spec.eval.every_steps == 0 or r.step == steps)
+                eval_loss, eval_s = (
+                    trainer.evaluate(spec.eval.batches) if evaluated else (None, None)
+                )
+                metrics.step(r, eval_loss, eval_s)
                 if r.step == start + 1 and device.type == "cuda":  # the first step is done
                     steady = collective_timeout_s(hang_after_s, cuda=True, stepping=True)
                     metrics.write({"event": "groups", "timeout_s": hold_timeouts(groups, steady)})
@@ -372,7 +379,8 @@ def run(args: argparse.Namespace) -> int:
                     say(
                         f"step {r.step:>6}/{steps}  loss {r.loss:.4f}  lr {r.lr:.2e}  "
                         f"|g| {r.grad_norm:.3f}  {r.tokens / r.step_s:,.0f} tok/s  "
-                        f"{r.step_s * 1e3:.0f} ms",
+                        f"{r.step_s * 1e3:.0f} ms"
+                        + (f"  eval {eval_loss:.4f} ({eval_s:.2f} s)" if evaluated else ""),
                         flush=True,
                     )
                 if ckpt:
@@ -425,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         return run(args)
-    except (SpecError, DataError, StorageNotShared, WeightsError) as e:
+    except (SpecError, DatasetError, StorageNotShared, WeightsError) as e:
         print(f"meshkeeper: {e}", file=sys.stderr)
         return 2
     except ResumeRefused as e:

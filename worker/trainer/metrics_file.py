@@ -33,7 +33,7 @@ class MetricsFile:
             with self.lock:
                 self.file.write(line)
 
-    def step(self, r: StepResult) -> None:
+    def step(self, r: StepResult, eval_loss: float | None = None, eval_s: float | None = None):
         rec = StepRecord(
             step=r.step,
             loss=r.loss,
@@ -47,6 +47,9 @@ class MetricsFile:
             rank=self.rank,
             time=time.time(),
             experts=r.experts,
+            epoch=r.epoch,
+            eval_loss=eval_loss,
+            eval_s=eval_s,
         )
         self.write(rec.model_dump())
 

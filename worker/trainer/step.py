@@ -56,6 +56,7 @@ class StepResult:
     tokens: int
     peak_mem_bytes: int  # this process's peak so far (worker/trainer/memory.py)
     experts: ExpertLoad | None = None  # the step's routing (MoE models, global rank 0)
+    epoch: int | None = None  # the epoch the step's batch starts in (finite sources)
 
 
 class Trainer:
@@ -169,7 +170,38 @@ class Trainer:
             total += loss.detach()
         return total
 
-    def global_loss(self, local: torch.Tensor) -> torch.Tensor:
+    @torch.no_grad()
+    def _forward_on(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """`_forward_backward_on` without the backward: the same microbatches, the same loss
+        function, so a held-out batch's loss is reduced exactly as a training batch's."""
+        if self.schedule is not None:
+            losses: list[torch.Tensor] = []
+            stage0 = self.ctx.coord.pp == 0
+            last = self.ctx.coord.pp == self.spec.parallel.pp - 1
+            self.schedule.eval(*([x] if stage0 else []), target=y if last else None, losses=losses)
+            return torch.stack(losses).sum() if losses else torch.zeros((), device=x.device)
+        n = self.spec.parallel.microbatches
+        model = self.parts[0]
+        chunks = zip(x.chunk(n), y.chunk(n), strict=True)
+        return sum(
+            (self._loss_fn(model(xm), ym) for xm, ym in chunks), torch.zeros((), device=x.device)
+        )
+
+    def evaluate(self, batches: int) -> tuple[float, float]:
+        """(mean loss over `batches` held-out global batches, seconds). Parameters, optimizer
+        state and MoE routing counts are left as they were."""
+        t0 = time.perf_counter()
+        total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
+        for k in range(batches):
+            x, y = self.batches.held_out(k, self.ctx.coord.dp)
+            with self.collectives.phase(), self.loss_context():
+                local = self._forward_on(x.to(self.ctx.device), y.to(self.ctx.device))
+                total += self.global_loss(local, routing=False)[0]
+        for m in self.moe:
+            m.stats.take()  # held-out tokens are no training step's routing
+        return total.item() / batches, time.perf_counter() - t0
+
+    def global_loss(self, local: torch.Tensor, routing: bool = True) -> torch.Tensor:
         """Mean over the global batch as a float64 tensor on the device: each DP replica's
         loss leader adds its share. Reduced where it lies: no host sync (train_step reads it).
         A MoE model's routing counts ride the same all-reduce: (loss, *`_routing`)."""
@@ -178,7 +210,7 @@ class Trainer:
             if self.ctx.is_last_stage_leader
             else torch.zeros((), dtype=torch.float64, device=local.device)
         )[None]
-        if self.moe:
+        if self.moe and routing:
             share = torch.cat((share, self._routing()))
         dist.all_reduce(share)
         return share
@@ -245,4 +277,5 @@ class Trainer:
             self.spec.train.global_batch * self.spec.model.seq_len,
             peak_mem_bytes(self.ctx.device),
             self._expert_load(routing) if routing and self.ctx.rank == 0 else None,
+            self.batches.epoch(index),
         )
