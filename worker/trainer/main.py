@@ -31,6 +31,7 @@ from services.hang_bounds import collective_timeout_s
 from services.spec import JobSpec, SpecError, check_world_size, load_spec
 from worker.ckpt_store import CheckpointStore, read_history
 from worker.hf.weights import WeightsError
+from worker.mfu import default_peak_flops, device_peak_flops, flops_per_token, mfu
 from worker.progress import Collectives, counters_path
 from worker.snapshots import SnapshotPlan
 from worker.trainer.anomaly import AnomalyWatch
@@ -42,6 +43,7 @@ from worker.trainer.memory import return_freed_memory
 from worker.trainer.metrics_file import MetricsFile
 from worker.trainer.oom import EXIT_OOM, OutOfMemory, explain, is_out_of_memory
 from worker.trainer.parallel import ParallelDims, RankContext, mesh_groups
+from worker.trainer.run_record import RunRecord
 from worker.trainer.sdc import ReplicaCheck, SilentCorruption
 from worker.trainer.sdc_guard import CorruptionGuard
 from worker.trainer.snapshot import Snapshotter
@@ -85,6 +87,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="JSON file with the in-memory snapshot plan (worker/snapshots.py; the agent writes "
         "it): where this worker keeps snapshots, the buddy holders, and what a recovery "
         "restores from; without it no snapshots are taken",
+    )
+    ap.add_argument(
+        "--run-record",
+        help="directory of the job's TensorBoard run record, shared by its generations "
+        "(worker/trainer/run_record.py; the agent passes it); rank 0 writes it",
     )
     ap.add_argument("--quiet", action="store_true", help="no per-step lines")
     return ap.parse_args(argv)
@@ -222,6 +229,25 @@ def sdc_line(spec: JobSpec, replicas: bool, spot: bool) -> str:
     )
 
 
+def run_record(args, start: int, rank: int) -> RunRecord | None:
+    """Rank 0's TensorBoard record of the job, when the agent names its directory."""
+    if not args.run_record or rank != 0:
+        return None
+    record = RunRecord(Path(args.run_record), start)
+    if start:
+        record.note(start, f"generation {args.generation} resumed after step {start}")
+    return record
+
+
+def peak_flops(spec: JobSpec, device: torch.device) -> float:
+    """One rank's peak FLOP/s, as the agent's MFU gauge takes it (worker/mfu.py)."""
+    if device.type == "cuda":
+        found = device_peak_flops(torch.cuda.get_device_name(device), spec.parallel.precision)
+        if found:
+            return found
+    return default_peak_flops(int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+
+
 def data_stream(spec: JobSpec) -> DataStream:
     return DataStream(spec.data.seed, spec.train.global_batch)
 
@@ -310,6 +336,8 @@ def run(args: argparse.Namespace) -> int:
         watch = AnomalyWatch(spec.sdc.anomaly_window, spec.sdc.anomaly_z)
         start = resume(ckpt, plan, trainer, spec, say, metrics, io)
         metrics.write({"event": "ready", "ready_at": time.time(), "start_step": start})
+        record = run_record(args, start, rank)
+        flops, peak = flops_per_token(spec.model), peak_flops(spec, device)
         results: list[StepResult] = []
         every, steps = spec.checkpoint.every_steps, spec.train.steps
 
@@ -359,6 +387,8 @@ def run(args: argparse.Namespace) -> int:
                     trainer.evaluate(spec.eval.batches) if evaluated else (None, None)
                 )
                 metrics.step(r, eval_loss, eval_s)
+                if record:
+                    record.step(r, eval_loss, mfu(flops, r.tokens / r.step_s, world, peak))
                 if r.step == start + 1 and device.type == "cuda":  # the first step is done
                     steady = collective_timeout_s(hang_after_s, cuda=True, stepping=True)
                     metrics.write({"event": "groups", "timeout_s": hold_timeouts(groups, steady)})
@@ -392,6 +422,9 @@ def run(args: argparse.Namespace) -> int:
                     pace.wait()
         except SilentCorruption as e:
             return corrupted(e, ckpt, snaps, metrics)
+        finally:
+            if record:
+                record.close()
         if ckpt:
             with io.phase("save", steps):  # the last save's upload and commit
                 ckpt.close()
