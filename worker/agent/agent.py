@@ -368,6 +368,9 @@ class Agent:
                 job,
                 "--restore-from",
                 str(restore_path),
+                # per job, not per generation: a recovered rank 0 appends to its curves
+                "--run-record",
+                str(d.parent / "tensorboard"),
             ] + (["--snapshot-plan", str(snapshots)] if snapshots else [])
             metrics, log_path = d / f"metrics-{e.rank}.jsonl", d / f"rank{e.rank}.log"
             watch = memory[e.rank]
