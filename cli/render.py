@@ -118,6 +118,8 @@ def job_detail(j: api.JobStatus) -> Group:
             f"restarts {j.restarts}"
         ),
     ]
+    if extra := validation(j):
+        out.append(Text(f"  {extra}"))
     if j.last_checkpoint:
         c = j.last_checkpoint
         out.append(Text(f"  last checkpoint: step {c.step} at {c.path}"))
@@ -172,11 +174,26 @@ def _reason(j: api.JobStatus) -> str:
     return f" ({reason})" if j.phase in ("Pending", "Running") and reason else ""
 
 
+def validation(j: api.JobStatus) -> str:
+    """The latest eval and the epoch, those the job has: 'eval loss 3.1000 (perplexity 22.20)
+    at step 40  epoch 2'; empty before either."""
+    parts = []
+    if j.eval_loss is not None:
+        parts.append(
+            f"eval loss {num(j.eval_loss)} (perplexity {num(j.eval_perplexity, ',.2f')}) "
+            f"at step {j.eval_step}"
+        )
+    if j.epoch is not None:
+        parts.append(f"epoch {j.epoch}")
+    return "  ".join(parts)
+
+
 def progress_info(j: api.JobStatus) -> str:
     """Everything about a job's progress but the bar and the step."""
+    extra = validation(j)
     return (
-        f"loss {num(j.loss)}  {num(j.tokens_per_s, ',.0f')} tok/s  ETA {duration(j.eta_s)}  "
-        f"{j.phase}{_reason(j)}"
+        f"loss {num(j.loss)}  {extra + '  ' if extra else ''}"
+        f"{num(j.tokens_per_s, ',.0f')} tok/s  ETA {duration(j.eta_s)}  {j.phase}{_reason(j)}"
     )
 
 
@@ -190,6 +207,7 @@ def summary(j: api.JobStatus) -> Text:
     end = next(
         (c for c in j.conditions if c.type in ("Succeeded", "Failed") and c.status == "True"), None
     )
+    extra = validation(j)
     return Text.assemble(
         f"job {j.id}: ",
         phase(j.phase),
@@ -197,6 +215,7 @@ def summary(j: api.JobStatus) -> Text:
         f"\n  steps {j.step}/{j.steps}, final loss {num(j.loss)}, "
         f"{num(j.tokens_per_s, ',.0f')} tokens/s, training time {duration(took)}, "
         f"mesh {shape(j.mesh_shape)}, generation {j.generation}, restarts {j.restarts}",
+        f"\n  {extra}" if extra else "",
     )
 
 

@@ -107,7 +107,7 @@ def _training(job: Job, ranks: list[RankStatus]) -> str:
 def _absorb(ctx: Pass, job: Job, ranks: list[RankStatus], tx: Tx) -> bool:
     """Take the ranks' progress into the job; a step that advanced adds a history point
     (controller/history.py) to `tx`, the transaction that writes the step."""
-    before = (job.step, job.loss, job.tokens_per_s, job.step_s)
+    before = _progress(job)
     job.absorb(summarize(ranks))
     if job.step > before[0]:
         history.append(
@@ -121,9 +121,24 @@ def _absorb(ctx: Pass, job: Job, ranks: list[RankStatus], tx: Tx) -> bool:
                 tokens_per_s=job.tokens_per_s,
                 step_s=job.step_s,
                 generation=job.generation,
+                eval_loss=job.eval_loss,
+                eval_step=job.eval_step,
             ),
         )
-    return (job.step, job.loss, job.tokens_per_s, job.step_s) != before
+    return _progress(job) != before
+
+
+def _progress(job: Job) -> tuple:
+    """What `Job.absorb` may change."""
+    return (
+        job.step,
+        job.loss,
+        job.tokens_per_s,
+        job.step_s,
+        job.epoch,
+        job.eval_loss,
+        job.eval_step,
+    )
 
 
 # -- generations ----------------------------------------------------------------------

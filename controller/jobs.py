@@ -47,6 +47,9 @@ class Job:
     loss: float | None = None
     tokens_per_s: float | None = None
     step_s: float | None = None
+    epoch: int | None = None  # of this step's batch (finite data sources)
+    eval_loss: float | None = None  # the latest validation, measured at eval_step
+    eval_step: int | None = None
     final_ranks: list[RankStatus] = field(default_factory=list)  # the rank view once terminal
     recoveries: list[RecoveryRecord] = field(default_factory=list)  # newest last, bounded
     current: dict = field(default_factory=dict)  # {dp, microbatches} when dp was shrunk
@@ -109,6 +112,12 @@ class Job:
             return  # a rank that has not trained in this generation yet: nothing newer
         self.step, self.loss = progress.step, progress.loss
         self.tokens_per_s, self.step_s = progress.tokens_per_s, progress.step_s
+        # a generation reports no eval before its first one (nor an epoch before its first
+        # step): the job's latest stands until then
+        if progress.epoch is not None:
+            self.epoch = progress.epoch
+        if progress.eval_step is not None:
+            self.eval_loss, self.eval_step = progress.eval_loss, progress.eval_step
 
     def condition(self, type_: str) -> dict | None:
         return condition(self.conditions, type_)
@@ -130,6 +139,9 @@ class Job:
             "loss": self.loss,
             "tokens_per_s": self.tokens_per_s,
             "step_s": self.step_s,
+            "epoch": self.epoch,
+            "eval_loss": self.eval_loss,
+            "eval_step": self.eval_step,
             "final_ranks": _json(self.final_ranks),
             "recoveries": _json(self.recoveries),
             "current": self.current,
@@ -170,6 +182,9 @@ class Job:
             loss=num("loss"),
             tokens_per_s=num("tokens_per_s"),
             step_s=num("step_s"),
+            epoch=num("epoch", int),
+            eval_loss=num("eval_loss"),
+            eval_step=num("eval_step", int),
             final_ranks=final_ranks,
             recoveries=recoveries,
             current=loads(h.get("current"), {}),

@@ -38,6 +38,9 @@ class JobFamilies:
             "meshkeeper_job_generation", "Current generation of the job's world", labels=L
         )
         self.loss = g("meshkeeper_train_loss", "Latest training loss", labels=L)
+        self.eval_loss = g(
+            "meshkeeper_eval_loss", "Latest validation loss (held-out batches)", labels=L
+        )
         self.tokens = c(
             "meshkeeper_train_tokens", "Tokens trained (steps done x tokens per step)", labels=L
         )
@@ -92,6 +95,8 @@ class JobFamilies:
         self.generation.add_metric(jid, job.generation)
         if job.loss is not None:
             self.loss.add_metric(jid, job.loss)
+        if job.eval_loss is not None:
+            self.eval_loss.add_metric(jid, job.eval_loss)
         tokens_per_step = job.spec.train.global_batch * job.spec.model.seq_len
         self.tokens.add_metric(jid, job.step * tokens_per_step)
         if job.tokens_per_s is not None:

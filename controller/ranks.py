@@ -88,21 +88,25 @@ def rank_view(
 
 @dataclass(frozen=True)
 class Progress:
-    """Job-level progress, all four values from one rank's report, so the loss shown is the
-    loss of the step shown."""
+    """Job-level progress, every value from one rank's report, so the loss shown is the
+    loss of the step shown (and the eval the latest that rank had seen by then)."""
 
     step: int
     loss: float | None
     tokens_per_s: float | None
     step_s: float | None
+    epoch: int | None = None
+    eval_loss: float | None = None  # the latest validation, measured at eval_step
+    eval_step: int | None = None
 
 
 def summarize(ranks: list[RankStatus]) -> Progress | None:
     """The slowest rank's report (lowest step; the lowest rank among equals): the job has
     completed only the steps every rank has. The trainer all-reduces the loss, so each rank
     holds the global loss of its own step; taking rank 0's loss with the slowest rank's step
-    showed one step with another step's loss."""
+    showed one step with another step's loss. The validation loss is all-reduced too: every
+    rank reports the same one."""
     if not ranks:
         return None
-    slowest = min(ranks, key=lambda r: (r.step, r.rank))
-    return Progress(slowest.step, slowest.loss, slowest.tokens_per_s, slowest.step_s)
+    s = min(ranks, key=lambda r: (r.step, r.rank))
+    return Progress(s.step, s.loss, s.tokens_per_s, s.step_s, s.epoch, s.eval_loss, s.eval_step)

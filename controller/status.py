@@ -8,6 +8,7 @@ from controller.jobs import Job
 from controller.placement import natural_key
 from controller.ranks import rank_view, summarize
 from services import api, assignment
+from services.records import perplexity
 from services.store import Store, loads
 
 
@@ -64,6 +65,10 @@ def job_status(store: Store, job: Job, alive_within_s: float) -> api.JobStatus:
         conditions=job.conditions,
         tokens_per_s=job.tokens_per_s,
         step_s=job.step_s,
+        epoch=job.epoch,
+        eval_loss=job.eval_loss,
+        eval_perplexity=perplexity(job.eval_loss) if job.eval_loss is not None else None,
+        eval_step=job.eval_step,
         eta_s=_eta(job),
         started_at=job.started_at,
         last_checkpoint=(

@@ -95,6 +95,12 @@ class JobStatus(JobSummary):
     conditions: list[Condition]
     tokens_per_s: float | None = None
     step_s: float | None = None
+    epoch: int | None = None  # 0-based pass over a finite data source
+    # the latest validation (eval.every_steps): mean held-out loss, exp of it, and the step
+    # (steps completed) it was measured after
+    eval_loss: float | None = None
+    eval_perplexity: float | None = None
+    eval_step: int | None = None
     eta_s: float | None = None
     started_at: float | None = None
     last_checkpoint: Checkpoint | None = None

@@ -14,6 +14,7 @@ checkpoint `step` i + 1 and a restore from it runs index i + 1 next.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any
 
@@ -62,6 +63,15 @@ class StepRecord(Record):
     eval_s: float | None = None
 
 
+def perplexity(loss: float) -> float | None:
+    """exp(loss), the perplexity of a mean token cross-entropy; None where it overflows a
+    float (a diverged model's), which JSON could not carry."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return None
+
+
 class RankReport(Record):
     """What an agent publishes for one rank it runs (the `ranks` field of
     `worker:{wid}:progress`, a JSON object keyed by rank). Times are Redis server time."""
@@ -74,6 +84,11 @@ class RankReport(Record):
     compute_s: float | None = None
     wait_s: float | None = None
     peak_mem_bytes: int | None = None  # the latest StepRecord's
+    epoch: int | None = None  # the latest StepRecord's (finite data sources)
+    # the latest validation this generation (rank 0's: the rank that reports it), at eval_step
+    eval_loss: float | None = None
+    eval_step: int | None = None
+    eval_s: float | None = None
     pid: int | None = None  # the trainer process on its worker's host
     exit_code: int | None = None
     error: str | None = None  # why a rank failed, when no exit code tells
@@ -177,3 +192,8 @@ class HistoryPoint(Record):
     tokens_per_s: float | None = None
     step_s: float | None = None
     generation: int
+    # the job's latest validation when the point was taken, measured at eval_step (<= about
+    # step): a pass may skip the very step of an eval, and downsampling may hide its point,
+    # so every point carries the newest eval and readers key the eval series by eval_step
+    eval_loss: float | None = None
+    eval_step: int | None = None

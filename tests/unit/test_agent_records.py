@@ -121,3 +121,36 @@ def test_a_fresh_rank_reports_step_zero_and_the_agents_launch_time():
         103.0,
         None,
     )
+
+
+def test_the_latest_eval_stays_in_the_report_between_evals_and_the_epoch_is_the_latest(tmp_path):
+    """Lines as the trainer writes them (a StepRecord dumped to JSON, eval fields on the steps
+    an eval ran after), read by the agent's tail: the report carries the newest eval with the
+    step it was measured at, through the steps that had none."""
+    path = tmp_path / "metrics-0.jsonl"
+    evals = {2: (3.25, 0.5), 4: (3.0, 0.75)}  # step -> (eval_loss, eval_s)
+    lines = []
+    for n in range(1, 6):
+        eval_loss, eval_s = evals.get(n, (None, None))
+        rec = StepRecord(**step(n), epoch=n // 3, eval_loss=eval_loss, eval_s=eval_s)
+        lines.append(json.dumps(rec.model_dump()))
+    tail, p = MetricsTail(path, rank=0), RankProgress(started_at=100.0)
+
+    def report(upto: int) -> dict:
+        """The report once the trainer has written steps up to `upto`."""
+        with path.open("a") as f:
+            f.writelines(line + "\n" for line in lines[p.step : upto])
+        for line in tail.read():
+            p.absorb(line, now=101.0, offset=0.0)
+        r = RankReport.model_validate_json(RankReport(**p.fields()).model_dump_json())
+        return {k: getattr(r, k) for k in ("step", "epoch", "eval_loss", "eval_step", "eval_s")}
+
+    assert report(1) == {
+        "step": 1,
+        "epoch": 0,
+        "eval_loss": None,
+        "eval_step": None,
+        "eval_s": None,
+    }
+    assert report(3) == {"step": 3, "epoch": 1, "eval_loss": 3.25, "eval_step": 2, "eval_s": 0.5}
+    assert report(5) == {"step": 5, "epoch": 1, "eval_loss": 3.0, "eval_step": 4, "eval_s": 0.75}

@@ -59,3 +59,12 @@ def test_a_generation_that_has_not_trained_yet_keeps_the_stored_loss():
     job = Job(id="j", name="j", spec=SPEC, step=20, loss=3.1, tokens_per_s=900.0, step_s=0.2)
     job.absorb(Progress(step=20, loss=None, tokens_per_s=None, step_s=None))
     assert (job.step, job.loss, job.tokens_per_s, job.step_s) == (20, 3.1, 900.0, 0.2)
+
+
+def test_a_generation_that_has_not_evaluated_yet_keeps_the_jobs_latest_eval():
+    # after a restore, the ranks' reports carry no eval until their first one
+    job = Job(id="j", name="j", spec=SPEC, step=20, loss=3.1, eval_loss=3.3, eval_step=20, epoch=1)
+    job.absorb(Progress(step=21, loss=3.0, tokens_per_s=900.0, step_s=0.2))
+    assert (job.step, job.eval_loss, job.eval_step, job.epoch) == (21, 3.3, 20, 1)
+    job.absorb(Progress(22, 2.9, 900.0, 0.2, epoch=2, eval_loss=3.2, eval_step=22))
+    assert (job.step, job.eval_loss, job.eval_step, job.epoch) == (22, 3.2, 22, 2)

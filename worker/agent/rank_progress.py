@@ -8,6 +8,9 @@ heartbeat's clock offset, so the controller can compare them with its own.
 the generation's first step it is the step the rank resumes at, as soon as the trainer has
 said (its `restored` event, then `ready`'s start_step), else 0: a restarted rank does not
 report going back to 0 while it restores.
+
+A validation runs every `eval.every_steps` steps only: its loss (with the step it was measured
+at) stays in the report until the next one, so a report between two evals still shows it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class RankProgress:
     window: int = 20  # steps in the straggler window (the spec's straggler.window_steps)
     state: str = "starting"  # running from the first step on; the agent sets the final state
     last: StepRecord | None = None  # the latest step record
+    last_eval: StepRecord | None = None  # the latest step record with a validation loss
     rendezvous_at: float | None = None
     ready_at: float | None = None
     start_step: int | None = None
@@ -69,6 +73,8 @@ class RankProgress:
             self.sdc = line.model_dump(exclude={"event"})
         elif isinstance(line, StepRecord):
             self.last, self.state = line, "running"
+            if line.eval_loss is not None:
+                self.last_eval = line
             if self.first_step_at is None:
                 self.first_step_at = line.time + offset
             self.computes.append(line.compute_s)
@@ -83,7 +89,7 @@ class RankProgress:
 
     def fields(self) -> dict[str, Any]:
         """The `RankReport` fields this knows (the process's own are the caller's)."""
-        last, computes = self.last, self.computes
+        last, evaluated, computes = self.last, self.last_eval, self.computes
         return {
             "state": self.state,
             "step": self.step,
@@ -93,6 +99,10 @@ class RankProgress:
             "compute_s": last.compute_s if last else None,
             "wait_s": last.wait_s if last else None,
             "peak_mem_bytes": last.peak_mem_bytes if last else None,
+            "epoch": last.epoch if last else None,
+            "eval_loss": evaluated.eval_loss if evaluated else None,
+            "eval_step": evaluated.step if evaluated else None,
+            "eval_s": evaluated.eval_s if evaluated else None,
             "started_at": self.started_at,
             "rendezvous_at": self.rendezvous_at,
             "ready_at": self.ready_at,

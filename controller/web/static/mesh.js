@@ -155,6 +155,10 @@ function renderMeta(job) {
   const ck = job.last_checkpoint ? `checkpoint step ${job.last_checkpoint.step}` : "no checkpoint yet";
   const parts = [job.phase, `generation ${job.generation}`, `restarts ${job.restarts}`,
     `step ${job.step}/${job.steps}`, job.loss != null ? `loss ${job.loss.toFixed(4)}` : null,
+    job.eval_loss != null ? `eval loss ${job.eval_loss.toFixed(4)}` +
+      (job.eval_perplexity != null ? ` (perplexity ${job.eval_perplexity.toFixed(2)})` : "") +
+      ` at step ${job.eval_step}` : null,
+    job.epoch != null ? `epoch ${job.epoch}` : null,
     job.tokens_per_s != null ? `${Math.round(job.tokens_per_s).toLocaleString()} tok/s` : null, ck];
   const meta = document.getElementById("job-meta");
   meta.textContent = parts.filter(Boolean).join(" · ");
@@ -176,12 +180,18 @@ async function pullHistory(job) {
 
 // x must ascend for uPlot. A step redone after a restore appears twice in the history; the
 // later generation's point stands (the earlier one's work was lost with its generation).
+// Every point carries the job's latest eval then, measured at its eval_step: the eval series is
+// keyed by eval_step (the same eval on many points is one), on the steps' x axis.
 function seriesOf(points) {
-  const byStep = new Map();
-  for (const p of points) byStep.set(p.step, p);
-  const steps = [...byStep.keys()].sort((a, b) => a - b);
-  const pick = (field) => steps.map((s) => byStep.get(s)[field] ?? null);
-  return { steps, loss: pick("loss"), tps: pick("tokens_per_s") };
+  const byStep = new Map(), evals = new Map();
+  for (const p of points) {
+    byStep.set(p.step, p);
+    if (p.eval_step != null) evals.set(p.eval_step, p.eval_loss);
+  }
+  const steps = [...new Set([...byStep.keys(), ...evals.keys()])].sort((a, b) => a - b);
+  const pick = (field) => steps.map((s) => byStep.get(s)?.[field] ?? null);
+  return { steps, loss: pick("loss"), tps: pick("tokens_per_s"),
+    evalLoss: steps.map((s) => evals.get(s) ?? null) };
 }
 
 // A recovery is marked where its fault struck (the furthest step completed then), a checkpoint
@@ -229,27 +239,30 @@ function xRange(u, lo, hi) {
   return a === b ? [a - 1, b + 1] : [a, b];
 }
 
-function makeChart(boxId, label, stroke) {
+// lines: [label, stroke] of each y series. spanGaps: a series has no value at the other
+// series' steps (nor at a step the controller's passes skipped).
+function makeChart(boxId, ...lines) {
   const box = document.getElementById(boxId);
   return new uPlot({
     width: chartWidth(box), height: 180,
     scales: { x: { time: false, range: xRange } },
     axes: [{ label: "step" }, { size: 64 }],
-    series: [{ label: "step" }, { label, stroke, width: 1.5, spanGaps: true }],
+    series: [{ label: "step" },
+      ...lines.map(([label, stroke]) => ({ label, stroke, width: 1.5, spanGaps: true }))],
     hooks: { draw: [placeMarks] },
-  }, [[], []], box);
+  }, [[], ...lines.map(() => [])], box);
 }
 
 function renderCharts(hist) {
   if (!view.charts.loss) {
-    view.charts.loss = makeChart("loss-chart", "loss", "#1565c0");
-    view.charts.tps = makeChart("tps-chart", "tokens/s", "#6a1b9a");
+    view.charts.loss = makeChart("loss-chart", ["loss", "#1565c0"], ["eval loss", "#ef6c00"]);
+    view.charts.tps = makeChart("tps-chart", ["tokens/s", "#6a1b9a"]);
   }
-  const { steps, loss, tps } = seriesOf(hist.points);
+  const { steps, loss, tps, evalLoss } = seriesOf(hist.points);
   const marks = marksOf(hist);
-  for (const [u, ys] of [[view.charts.loss, loss], [view.charts.tps, tps]]) {
+  for (const [u, ...ys] of [[view.charts.loss, loss, evalLoss], [view.charts.tps, tps]]) {
     setMarks(u, marks); // first: the new data's x range takes them in
-    u.setData([steps, ys]);
+    u.setData([steps, ...ys]);
   }
   const shown = hist.points.length < hist.total_points
     ? `${hist.points.length.toLocaleString()} shown (each the last of its run of steps)` : "all shown";
