@@ -3,6 +3,7 @@
     __main__.py / main.py   the entry (`python -m worker.trainer`): arguments, the loop, exit codes
     distributed.py          process group set-up and teardown
     metrics_file.py         the per-step StepRecord lines and milestones the agent reads
+    run_record.py           rank 0's TensorBoard record of the job (--run-record)
     step.py                 Trainer: one rank's model, optimizer and train step for any layout
     model.py, data.py       the transformer; data as a pure function of (seed, sample index)
     optim.py                AdamW, LR schedule, mesh-wide gradient clipping

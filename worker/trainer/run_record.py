@@ -1,6 +1,7 @@
 """A job's run record: TensorBoard event files of its training curves, written by global rank
 0 (the caller decides) to one directory per job across generations
-(`{run_dir}/jobs/{job}/tensorboard`, the agent's `--run-record`; docs/data.md, "Run record").
+(`{run_dir}/jobs/{job}/tensorboard`, the agent's `--run-record`; docs/observability.md,
+"Run record").
 
 A recovered generation appends to the same directory: it opens its writer with
 `purge_step = start_step + 1`, so TensorBoard drops whatever a dead generation wrote after the
