@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dataset.sampler import EpochSampler, PackedWindows, Permutation
-from dataset.tokens import TokenStream
+from dataset.tokens import MappedFile, TokenStream
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 64, 1000, 4097])
@@ -36,7 +36,7 @@ def stream_of(tmp_path, tokens: np.ndarray, parts: int) -> TokenStream:
     for i, chunk in enumerate(np.array_split(tokens, parts)):
         path = tmp_path / f"shard-{i:05d}.bin"
         chunk.astype(np.uint16).tofile(path)
-        maps.append(np.memmap(path, dtype=np.uint16, mode="r"))
+        maps.append(MappedFile(path, "uint16", "test"))
     return TokenStream(maps)
 
 
