@@ -75,6 +75,7 @@ def prepared(
     texts: list[str], directory: Path, vocab: int = 512, val_fraction: float = 0.1
 ) -> tuple[Path, Result]:
     """`texts` prepared under `directory/dataset` with a BPE trained on them."""
+    directory.mkdir(parents=True, exist_ok=True)
     tokenizer = bpe_tokenizer(texts, vocab, directory / "tokenizer.json")
     out = directory / "dataset"
     result = prepare(

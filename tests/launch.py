@@ -29,9 +29,10 @@ ENV = {
     "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     "OMP_NUM_THREADS": "1",
 }
-# What decides the numbers. Not `checkpoint`: saving never changes what is trained, and the
-# tests hold it to that (a job that saved, was killed and resumed matches a run that never saved).
-TRAINING = ("model", "data", "parallel", "train")
+# What decides the numbers (`eval` those it reports). Not `checkpoint`: saving never changes
+# what is trained, and the tests hold it to that (a job that saved, was killed and resumed
+# matches a run that never saved).
+TRAINING = ("model", "data", "parallel", "train", "eval")
 
 
 def training_key(spec: dict) -> str:
