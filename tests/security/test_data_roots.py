@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
+from dataset.format import read_manifest
 from services.paths import PathRefused, confine, confine_spec
 from services.spec import SpecError
+from tests.corpus import prepared, stdlib_docstrings
 from tests.security.smallpool import SmallPool
 from tests.stack import tiny_spec, wait_phase, wait_until
 
@@ -257,3 +260,72 @@ def test_the_agent_refuses_a_model_directory_outside_its_own_roots(pool):
     failed = job.condition("Failed")
     assert job.phase == "Failed" and "exited with code 2" in failed.message, failed
     assert "model.hf" in failed.message and "controller-only-model" in failed.message, failed
+
+
+# --- prepared datasets (dataset:DIR) ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dataset(pool) -> Path:
+    out, _ = prepared(stdlib_docstrings(20_000), pool.data / "agent" / "ds", val_fraction=0.3)
+    return out
+
+
+def dataset_job(name: str, directory, vocab: int = 512, **sections) -> dict:
+    spec = one_rank(name, data={"source": f"dataset:{directory}"}, **sections)
+    spec["model"] = {**spec["model"], "seq_len": 32, "vocab": vocab}
+    return spec
+
+
+def submitted(pool: SmallPool, spec: dict):
+    """POST /v1/jobs with the submitter's token, what a tenant holds."""
+    submitter = pool.client_as(pool.secrets.submitter_token)
+    try:
+        return submitter.http.post("/v1/jobs", json=spec)
+    finally:
+        submitter.close()
+
+
+def test_a_dataset_outside_the_data_roots_gets_422_naming_data_source(pool, dataset):
+    for path in ("/etc", f"{pool.data}/agent/escape", f"{dataset}/../../..", "relative"):
+        for steps in ({"steps": 2}, {"epochs": 1}):
+            spec = dataset_job("leak-ds", path)
+            spec["train"] = {"global_batch": 4, **steps}
+            r = submitted(pool, spec)
+            assert r.status_code == 422, r.text
+            fields = [p["field"] for p in r.json()["problems"]]
+            assert fields == (["data.source"] if "steps" in steps else ["train.epochs"]), r.text
+    assert "leak-ds" not in {j.name for j in pool.client.jobs()}, "a refused job was stored"
+
+
+def test_a_dataset_that_cannot_serve_the_spec_gets_422_naming_both(pool, dataset):
+    r = submitted(pool, dataset_job("narrow", dataset, vocab=300))
+    assert r.status_code == 422, r.text
+    (problem,) = r.json()["problems"]
+    assert problem["field"] == "model.vocab" and "512" in problem["message"], problem
+    r = submitted(pool, dataset_job("eval-big", dataset, eval={"every_steps": 1, "batches": 1000}))
+    assert r.status_code == 422 and r.json()["problems"][0]["field"] == "eval.batches", r.text
+
+
+def test_a_manifest_naming_a_file_outside_its_directory_is_refused(pool, dataset):
+    forged = pool.data / "agent" / "forged"
+    shutil.copytree(dataset, forged)
+    manifest = json.loads((forged / "manifest.json").read_text())
+    manifest["splits"]["train"]["shards"][0]["name"] = "../../../../etc/passwd"
+    (forged / "manifest.json").write_text(json.dumps(manifest))
+    r = submitted(pool, dataset_job("forged", forged))
+    assert r.status_code == 422, r.text
+    (problem,) = r.json()["problems"]
+    assert problem["field"] == "data.source" and "prepare the dataset again" in problem["message"]
+
+
+def test_epochs_are_counted_into_steps_at_submission(pool, dataset):
+    spec = dataset_job("epochs", dataset)
+    spec["train"] = {"global_batch": 4, "epochs": 2}
+    r = submitted(pool, spec)
+    assert r.status_code == 201, r.text
+    job = pool.client.job(r.json()["id"])
+    train = read_manifest(dataset).splits["train"]
+    assert job.steps == -(-2 * ((train.tokens - 1) // 32) // 4)  # ceil(2 * windows / batch)
+    assert "epochs" not in job.spec["train"]
+    pool.client.cancel(job.id)
