@@ -54,3 +54,30 @@ def chromium() -> tuple[str, str]:
         _binary("chromium", [shutil.which("chromium"), shutil.which("chromium-browser")], install),
         _binary("chromedriver", [shutil.which("chromedriver")], install),
     )
+
+
+@pytest.fixture
+def browser(chromium, tmp_path):
+    """Headless Chromium driven by selenium, its console log kept (the mesh page's tests)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    binary, driver = chromium
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = binary
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the page's console
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'chromium'}",
+        "--window-size=1400,1000",
+    ):
+        opts.add_argument(arg)
+    b = webdriver.Chrome(service=Service(driver), options=opts)
+    yield b
+    b.quit()

@@ -11,8 +11,6 @@ from __future__ import annotations
 import os
 import signal
 
-import pytest
-
 from services import api
 from tests.stack import tiny_spec, wait_until
 
@@ -31,32 +29,6 @@ CHARTS = """const c = view.charts; return c.loss ? {steps: Array.from(c.loss.dat
     marks: [...document.querySelectorAll('#loss-chart .mark')].filter(m => !m.hidden)
         .map(m => [m.dataset.kind, Number(m.dataset.step)])} : null"""
 HISTORY_POINTS = 1000  # what the page asks for (mesh.js)
-
-
-@pytest.fixture
-def browser(chromium, tmp_path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    binary, driver = chromium
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = binary
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the page's console
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        f"--user-data-dir={tmp_path / 'chromium'}",
-        "--window-size=1400,1000",
-    ):
-        opts.add_argument(arg)
-    b = webdriver.Chrome(service=Service(driver), options=opts)
-    yield b
-    b.quit()
 
 
 def test_mesh_page_follows_a_killed_rank_through_its_recovery(obs, browser, tmp_path):
