@@ -5,6 +5,7 @@ meshkeeper submit examples/tiny-3d.yaml --watch
 meshkeeper status [JOB] | watch JOB | cancel JOB | workers | ready
 meshkeeper demo                            # up + a 3D job, a rank killed, the recovery
 meshkeeper plan SPEC --workers 32 --devices-per-worker 8 --device a100-80gb [--json]
+meshkeeper data prepare INPUT... --tokenizer T --out DIR   # text to token shards; data verify DIR
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
-from cli import export, logs, plan, render
+from cli import data, export, logs, plan, render
 from cli.demo import run_demo
 from cli.local_stack import LocalStack, StackConfig, StackError, wait_ready
 from cli.watch import TERMINAL, watch
@@ -238,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_parser(sub)
     logs.add_parser(sub)
     export.add_parser(sub)
+    data.add_parser(sub)
     p = sub.add_parser("ready", help="wait for the controller and N workers (for scripts)")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--timeout", type=float, default=60)
