@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from controller.placement import natural_key
-from dataset.admission import check_dataset
 from dataset.format import MANIFEST
 from services import planner
+from services.dataset_admission import check_dataset
 from services.paths import confine_spec
 from services.planner import Cluster, Layout
 from services.planner.hardware import host_memory_per_device

@@ -40,8 +40,8 @@ from controller.plan_gate import PlanGate
 from controller.pool_limits import limit_problems, pending_problem
 from controller.service import Controller
 from controller.status import job_status, job_summary, workers_status
-from dataset.admission import with_epochs
 from services import api
+from services.epochs import with_epochs
 from services.redis_url import without_credentials
 from services.spec import JobSpec, SpecError, parse_spec
 

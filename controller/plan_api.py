@@ -16,8 +16,8 @@ from controller.admission import live_pool, pool_cluster
 from controller.auth import Principal
 from controller.plan_gate import PlanGate, PlanRefused
 from controller.service import Controller
-from dataset.admission import with_epochs
 from services import api, planner
+from services.epochs import with_epochs
 from services.spec import Problem, SpecError, parse_spec
 
 

@@ -86,6 +86,11 @@ class Manifest(Frozen):
     def skipped(self) -> int:
         return sum(i.skipped for i in self.inputs)
 
+    def tokens(self, split: str) -> int:
+        """The split's token count; 0 for a split the preparation left empty (and out)."""
+        entry = self.splits.get(split)
+        return entry.tokens if entry else 0
+
     def itemsize(self) -> int:
         return 2 if self.dtype == "uint16" else 4
 

@@ -92,7 +92,7 @@ def open_source(source: str, token_dtype: str, vocab: int, seed: int, length: in
         manifest = read_manifest(path)
         return Packed(
             TokenStream.of_split(path, manifest, "train"),
-            TokenStream.of_split(path, manifest, "val") if manifest.splits["val"].shards else None,
+            TokenStream.of_split(path, manifest, "val") if manifest.tokens("val") else None,
             vocab,
             seed,
             length,

@@ -71,9 +71,9 @@ class TokenStream:
 
     @classmethod
     def of_split(cls, directory: str | Path, manifest: Manifest, split: str) -> TokenStream:
-        entry = manifest.splits[split]
+        entry = manifest.splits.get(split)
         parts = []
-        for shard in entry.shards:
+        for shard in entry.shards if entry else ():
             path = shard_path(directory, split, shard.name)
             m = MappedFile(path, manifest.dtype, "data.source")
             if len(m) != shard.tokens:

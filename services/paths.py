@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dataset.format import MANIFEST
-from services.spec import FILE_SOURCES, Problem, SpecError
+from services.spec_types import FILE_SOURCES, Problem, SpecError
 
 # Where agents keep hot recovery's in-memory snapshots by default (their --snapshot-dir): host
 # memory on Linux. Here, not in worker/, so `meshkeeper up` (cli/) can give each stack its own.

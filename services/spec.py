@@ -20,9 +20,17 @@ from pydantic import (
     field_validator,
 )
 
+from services.epochs import with_epochs
 from services.hf_config import with_hf_architecture
 from services.model_spec import PRESETS, ModelSpec  # noqa: F401  (PRESETS: re-exported)
-from services.spec_types import PathText, Problem, SpecError, Strict, printable_path  # noqa: F401
+from services.spec_types import (  # noqa: F401
+    FILE_SOURCES,
+    PathText,
+    Problem,
+    SpecError,
+    Strict,
+    printable_path,
+)
 
 MAX_WORLD = 65536
 # Beyond any model this service could train (70b is the largest preset); a spec above it is a
@@ -35,7 +43,6 @@ Beta = Annotated[float, Field(strict=True, ge=0, lt=1)]
 
 
 DataSource = str  # "synthetic" | "text:PATH" | "tokens:PATH" | "dataset:DIR"
-FILE_SOURCES = ("text", "tokens", "dataset")
 
 
 class DataSpec(Strict):
@@ -795,7 +802,7 @@ def parse_spec(data: Any) -> JobSpec:
 
 def load_spec(path: str | Path) -> JobSpec:
     """The spec file at `path`, with `model.hf`'s architecture read from its config.json
-    (services/hf_config.py) and `train.epochs` counted in steps (dataset/admission.py)."""
+    (services/hf_config.py) and `train.epochs` counted in steps (services/epochs.py)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -805,10 +812,6 @@ def load_spec(path: str | Path) -> JobSpec:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (yaml.YAMLError, json.JSONDecodeError) as e:
         raise SpecError([Problem("(file)", f"{path} is not valid YAML/JSON: {e}")]) from None
-    # imported here: dataset.admission confines paths through services.paths, which imports
-    # this module
-    from dataset.admission import with_epochs
-
     return parse_spec(with_epochs(with_hf_architecture(data)))
 
 

@@ -31,6 +31,9 @@ def printable_path(text: str) -> str:
 
 PathText = Annotated[str, AfterValidator(printable_path)]
 
+# `data.source` kinds that name a path: the data roots confine them (services/paths.py)
+FILE_SOURCES = ("text", "tokens", "dataset")
+
 
 @dataclass(frozen=True)
 class Problem:

@@ -1,5 +1,6 @@
-"""What a spec asks of a prepared dataset (dataset/admission.py): epochs become steps, and a
-manifest that cannot serve the spec is refused naming both sides."""
+"""What a spec asks of a prepared dataset: epochs become steps (services/epochs.py), and a
+manifest that cannot serve the spec is refused naming both sides
+(services/dataset_admission.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import json
 
 import pytest
 
-from dataset.admission import dataset_problems, with_epochs
 from dataset.format import Manifest
+from services.dataset_admission import dataset_problems
+from services.epochs import with_epochs
 from services.spec import SpecError, parse_spec
 from tests.stack import tiny_spec
 

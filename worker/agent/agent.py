@@ -30,8 +30,8 @@ from pathlib import Path
 import redis
 from pydantic import ValidationError
 
-from dataset.admission import check_dataset
 from services.assignment import Assignment
+from services.dataset_admission import check_dataset
 from services.paths import SNAPSHOT_ROOT as DEFAULT_SNAPSHOT_ROOT
 from services.paths import confine_spec
 from services.procs import stop_all

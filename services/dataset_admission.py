@@ -1,77 +1,20 @@
 """What a job spec asks of a prepared dataset, checked before any rank starts (docs/data.md,
 "Admission"): the manifest reads, its vocabulary fits the model, its tokenizer is the model's,
-and its splits hold the windows the spec needs. `train.epochs` becomes `train.steps` here.
-Torch- and numpy-free: the controller and the CLI run it."""
+and its splits hold the windows the spec needs. Torch- and numpy-free: the controller runs it
+at submission, the agent on its host."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from pathlib import Path
 
-from dataset.format import (
-    MANIFEST,
-    DatasetError,
-    Manifest,
-    read_manifest,
-    sha256_file,
-    verify_files,
-)
-from services.paths import PathRefused, confine
+from dataset.format import DatasetError, Manifest, read_manifest, sha256_file, verify_files
+from services.epochs import windows
 from services.spec import JobSpec, Problem, SpecError
 
 SOURCE = "data.source"
 # shards hashed at a job's first start: the first of each split (verify_files samples every
 # this many); more would cost seconds per GB before the first step
 SAMPLE_EVERY = 1 << 30
-
-
-def windows(tokens: int, seq_len: int) -> int:
-    """Packed windows of seq_len + 1 tokens in a split (dataset/sampler.py)."""
-    return max(0, (tokens - 1) // seq_len)
-
-
-def with_epochs(spec: dict, roots: Sequence[Path] | None = None) -> dict:
-    """The spec (plain dict form) with `train.epochs` turned into `train.steps`: enough steps
-    to visit every training window that many times. `roots`: confine the dataset first (the
-    controller, for a client's spec); None reads it as given (the CLI, on its own files)."""
-    train = spec.get("train") if isinstance(spec, dict) else None
-    if not isinstance(train, dict) or "epochs" not in train:
-        return spec
-    epochs = train["epochs"]
-    if isinstance(epochs, bool) or not isinstance(epochs, (int, float)) or not epochs > 0:
-        raise SpecError([Problem("train.epochs", f"must be a number > 0 (got {epochs!r})")])
-    if "steps" in train:
-        raise SpecError(
-            [Problem("train.epochs", "train.steps and train.epochs exclude each other; give one")]
-        )
-    source = str((spec.get("data") or {}).get("source", "synthetic"))
-    kind, _, path = source.partition(":")
-    if kind != "dataset":
-        raise SpecError(
-            [
-                Problem(
-                    "train.epochs",
-                    f"counts passes over a prepared dataset, and data.source is {source!r}; "
-                    "give train.steps, or use data.source dataset:DIR",
-                )
-            ]
-        )
-    seq_len, batch = (spec.get("model") or {}).get("seq_len"), train.get("global_batch")
-    if not isinstance(seq_len, int) or not isinstance(batch, int) or seq_len < 1 or batch < 1:
-        raise SpecError(
-            [Problem("train.epochs", "needs model.seq_len and train.global_batch to count steps")]
-        )
-    try:
-        if roots is not None:
-            path = str(confine(str(Path(path) / MANIFEST), roots, must_exist=True).parent)
-        manifest = read_manifest(path)
-    except (PathRefused, DatasetError) as e:
-        raise SpecError([Problem("train.epochs", f"{e}; or give train.steps")]) from None
-    count = windows(manifest.splits["train"].tokens, seq_len)
-    steps = max(1, math.ceil(epochs * count / batch))
-    rest = {k: v for k, v in train.items() if k != "epochs"}
-    return {**spec, "train": {**rest, "steps": steps}}
 
 
 def dataset_problems(spec: JobSpec, manifest: Manifest) -> list[Problem]:
@@ -99,17 +42,17 @@ def dataset_problems(spec: JobSpec, manifest: Manifest) -> list[Problem]:
                     f"{ours[:12]}); prepare the data again with --tokenizer {m.hf}",
                 )
             )
-    if windows(manifest.splits["train"].tokens, m.seq_len) == 0:
+    if windows(manifest.tokens("train"), m.seq_len) == 0:
         out.append(
             Problem(
                 SOURCE,
-                f"the training split of {where} holds {manifest.splits['train'].tokens} tokens, "
+                f"the training split of {where} holds {manifest.tokens('train')} tokens, "
                 f"fewer than seq_len+1 = {m.seq_len + 1}; use more data or a shorter seq_len",
             )
         )
     if spec.eval:
         need = spec.eval.batches * spec.train.global_batch
-        have = windows(manifest.splits["val"].tokens, m.seq_len)
+        have = windows(manifest.tokens("val"), m.seq_len)
         if need > have:
             out.append(
                 Problem(
