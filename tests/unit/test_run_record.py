@@ -127,8 +127,9 @@ def test_a_failing_disk_turns_the_record_off_with_one_warning(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "trained to 2000 record on: False"
-    warned = [ln for ln in out.stderr.splitlines() if ln.startswith("meshkeeper: run record off")]
-    assert warned == ["meshkeeper: run record off: OSError: [Errno 27] File too large"]
+    # once, wherever it lands among the lines of tensorboard's writer thread's traceback
+    assert out.stderr.count("meshkeeper: run record off") == 1, out.stderr
+    assert "meshkeeper: run record off: OSError: [Errno 27] File too large\n" in out.stderr
     steps = [e.step for e in read(tmp_path / "tb").Scalars("train/loss")]
     assert steps == list(range(1, len(steps) + 1)) and 0 < len(steps) < 2000
 

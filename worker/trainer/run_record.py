@@ -73,7 +73,9 @@ class RunRecord:
             self._off(e)
 
     def _off(self, e: Exception) -> None:
-        print(f"meshkeeper: run record off: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        # one write: tensorboard's writer thread may be printing its traceback meanwhile
+        sys.stderr.write(f"meshkeeper: run record off: {type(e).__name__}: {e}\n")
+        sys.stderr.flush()
         writer, self.writer = self.writer, None
         if writer is not None:
             try:  # stops its thread; the events it still holds are lost either way
