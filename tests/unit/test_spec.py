@@ -37,7 +37,7 @@ BAD = [
     (with_("model.d_model", 10**7), "model.d_model", "less than or equal to 65536"),
     (with_("train.global_batch", 10**9), "train.global_batch", "less than or equal to"),
     (with_("parallel.zeroo", 3), "parallel.zeroo", "unknown key"),
-    (with_("bogus", 1), "bogus", "valid: checkpoint, data, fault_tolerance"),
+    (with_("bogus", 1), "bogus", "valid: checkpoint, data, eval, fault_tolerance"),
     (with_("parallel.zero", 1), "parallel.zero", "Input should be 0, 2 or 3"),
     (
         with_("parallel.pp_schedule", "zb"),
@@ -50,7 +50,7 @@ BAD = [
     (
         with_("data.source", "s3://bucket"),
         "data.source",
-        "'synthetic', 'text:PATH' or 'tokens:PATH'",
+        "'synthetic', 'text:PATH', 'tokens:PATH' or 'dataset:DIR'",
     ),
     (with_("model.heads", 3), "model.heads", "d_model (64) must be divisible by heads (3)"),
     (with_("model.vocab", 255), "parallel.loss_parallel", "pad model.vocab to a multiple of tp"),
