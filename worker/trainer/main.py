@@ -384,7 +384,12 @@ def run(args: argparse.Namespace) -> int:
                 results.append(r)
                 evaluated = spec.eval and (r.step % spec.eval.every_steps == 0 or r.step == steps)
                 eval_loss, eval_s = (
-                    trainer.evaluate(spec.eval.batches) if evaluated else (None, None)
+                    trainer.evaluate(
+                        spec.eval.batches,
+                        lambda k, s=r.step: metrics.write({"event": "eval", "step": s, "batch": k}),
+                    )
+                    if evaluated
+                    else (None, None)
                 )
                 metrics.step(r, eval_loss, eval_s)
                 if record:

@@ -187,9 +187,10 @@ class Trainer:
             (self._loss_fn(model(xm), ym) for xm, ym in chunks), torch.zeros((), device=x.device)
         )
 
-    def evaluate(self, batches: int) -> tuple[float, float]:
+    def evaluate(self, batches: int, done=lambda batch: None) -> tuple[float, float]:
         """(mean loss over `batches` held-out global batches, seconds). Parameters, optimizer
-        state and MoE routing counts are left as they were."""
+        state and MoE routing counts are left as they were. `done(k)` after batch k (1-based):
+        a long validation must read as progress, not as a hang."""
         t0 = time.perf_counter()
         total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         for k in range(batches):
@@ -197,6 +198,7 @@ class Trainer:
             with self.collectives.phase(), self.loss_context():
                 local = self._forward_on(x.to(self.ctx.device), y.to(self.ctx.device))
                 total += self.global_loss(local, routing=False)[0]
+            done(k + 1)
         for m in self.moe:
             m.stats.take()  # held-out tokens are no training step's routing
         return total.item() / batches, time.perf_counter() - t0
