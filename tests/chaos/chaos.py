@@ -153,6 +153,22 @@ def succeeded(stack: Stack, j: JobStatus) -> None:
     assert j.last_checkpoint.generation == j.generation
 
 
+def survives_one_kill(
+    stack: Stack, spec: dict, kill_at: int, reference: list[dict]
+) -> tuple[JobStatus, dict[int, dict]]:
+    """Run `spec`, SIGKILL rank 1's trainer once it reports step `kill_at`, and check the job
+    succeeded after exactly that one recovery with `reference`'s losses bit for bit; the job
+    and its stitched curve."""
+    w, j1 = start(stack, spec)
+    victim = rank(j1, 1)
+    wait_record(metrics_path(stack, j1, 1), at_step(kill_at), 120, f"rank 1 at step {kill_at}")
+    kill(victim.pid)
+    j = w.finish()
+    succeeded(stack, j)
+    assert [r.cause for r in j.recoveries] == ["TrainerKilled"], j.recoveries
+    return j, assert_curve(stack, j, reference, exact=True)
+
+
 def rank(j: JobStatus, n: int):
     return next(r for r in j.mesh.ranks if r.rank == n)
 

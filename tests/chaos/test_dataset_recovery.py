@@ -8,18 +8,7 @@ from __future__ import annotations
 import pytest
 
 from dataset.format import read_manifest
-from tests.chaos.chaos import (
-    assert_curve,
-    at_step,
-    disk_only,
-    kill,
-    mesh_spec,
-    metrics_path,
-    rank,
-    start,
-    succeeded,
-    wait_record,
-)
+from tests.chaos.chaos import disk_only, mesh_spec, survives_one_kill
 from tests.corpus import prepared, stdlib_docstrings
 
 pytestmark = pytest.mark.slow
@@ -47,15 +36,9 @@ def epoch_steps(corpus) -> float:
     return (read_manifest(corpus).splits["train"].tokens - 1) // SEQ / BATCH
 
 
-def recovered_exactly(stack, spec: dict, kill_at: int, want: list[dict]) -> None:
-    w, j1 = start(stack, spec)
-    victim = rank(j1, 1)
-    wait_record(metrics_path(stack, j1, 1), at_step(kill_at), 120, f"rank 1 at step {kill_at}")
-    kill(victim.pid)
-    j = w.finish()
-    succeeded(stack, j)
-    assert [r.cause for r in j.recoveries] == ["TrainerKilled"], j.recoveries
-    curve = assert_curve(stack, j, want, exact=True)
+def recovered_exactly(stack, spec: dict, kill_at: int, want: list[dict]):
+    """One recovery from a kill at `kill_at`; the eval losses and epochs exact too."""
+    j, curve = survives_one_kill(stack, spec, kill_at, want)
     for r in want:
         got = curve[r["step"]]
         assert (got.get("eval_loss"), got["epoch"]) == (r.get("eval_loss"), r["epoch"]), r["step"]

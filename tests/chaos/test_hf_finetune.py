@@ -8,18 +8,7 @@ from __future__ import annotations
 import pytest
 
 from services.hf_config import with_hf_architecture
-from tests.chaos.chaos import (
-    DP_TP,
-    assert_curve,
-    at_step,
-    kill,
-    mesh_spec,
-    metrics_path,
-    rank,
-    start,
-    succeeded,
-    wait_record,
-)
+from tests.chaos.chaos import DP_TP, mesh_spec, survives_one_kill
 from tests.models.hf_fixtures import SEQ, save_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -33,11 +22,4 @@ def test_a_fine_tune_from_model_hf_survives_a_killed_rank_to_the_exact_loss(stac
     spec["model"] = {"hf": str(source), "seq_len": SEQ}
     spec = with_hf_architecture(spec)  # what `meshkeeper submit` sends: the fields filled in
     want = uninterrupted(spec)
-    w, j1 = start(stack, spec)
-    victim = rank(j1, 1)
-    wait_record(metrics_path(stack, j1, 1), at_step(KILL_AT), 120, f"rank 1 at step {KILL_AT}")
-    kill(victim.pid)
-    j = w.finish()
-    succeeded(stack, j)
-    assert [r.cause for r in j.recoveries] == ["TrainerKilled"], j.recoveries
-    assert_curve(stack, j, want, exact=True)
+    survives_one_kill(stack, spec, KILL_AT, want)
