@@ -15,6 +15,7 @@ from controller.pool_limits import PoolLimits
 from controller.retention import RetentionConfig
 from controller.scheduler import SchedulerConfig
 from controller.service import Controller, ControllerConfig
+from controller.slow_clients import request_deadline
 from services.redis_url import holds_secret
 from services.tokens import TokenError
 
@@ -71,6 +72,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="interface to bind (default 127.0.0.1: nothing public by default)",
     )
     ap.add_argument("--port", type=int, default=int(env("MESHKEEPER_PORT", "8765")))
+    ap.add_argument(
+        "--request-timeout",
+        type=float,
+        default=float(env("MESHKEEPER_REQUEST_TIMEOUT_S", "10")),
+        help="seconds a client has to send a whole request (headers and body) once connected "
+        "or after the previous response; a slower one is disconnected (slowloris)",
+    )
     ap.add_argument(
         "--redis-url",
         help="Redis URL without a password (default redis://127.0.0.1:6379/0): a command "
@@ -288,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if not args.request_timeout > 0:
+        print("controller: --request-timeout must be a number of seconds > 0", file=sys.stderr)
+        return 2
     try:
         url = redis_url(args, dict(os.environ))
     except SecretOnCommandLine as e:
@@ -347,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port,
         log_level=args.log_level.lower(),
         access_log=False,
+        http=request_deadline(args.request_timeout),
         ssl_certfile=args.tls_cert,
         ssl_keyfile=args.tls_key,
     )
