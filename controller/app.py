@@ -30,6 +30,7 @@ from starlette.routing import Match
 
 from controller import agents_api, history, jobs, plan_api, web
 from controller.admission import admit
+from controller.api_docs import install_docs
 from controller.auth import ADMIN, METRICS, READ, SUBMIT, Auth, Denied, Principal, may_cancel
 from controller.body_limit import BodyLimit
 from controller.chaos_gate import chaos_refusal
@@ -101,6 +102,8 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
         title="meshkeeper controller",
         version="0.1.0",
         lifespan=lifespan,
+        docs_url=None,  # served from the package instead (controller/api_docs.py)
+        redoc_url=None,
         responses=_errors(404, 409, 422, 503),
         description="Elastic, fault-tolerant 3D-parallel training (docs/architecture.md). "
         "Every /v1 endpoint and /metrics needs a bearer token (docs/security.md).",
@@ -109,6 +112,7 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
     app.add_middleware(BodyLimit, limit=MAX_BODY)
     _install_error_handlers(app)
     _install_openapi(app)
+    install_docs(app)
     alive_s = ctl.cfg.scheduler.worker_alive_s
     reader, submitter, admin, scraper = (
         Depends(auth.require(r)) for r in (READ, SUBMIT, ADMIN, METRICS)

@@ -5,6 +5,7 @@ headers. Each gets its 4xx with the usual error document, never a 500 or a 503."
 from __future__ import annotations
 
 import json
+import re
 import socket
 
 import httpx
@@ -206,3 +207,20 @@ def test_a_preset_of_the_wrong_type_gets_422(http, preset):
 def test_names_and_paths_with_control_characters_get_422(http, section, field):
     doc = refused(http.post("/v1/jobs", json={**tiny_spec("ctl"), **section}), 422, "invalid")
     assert field in [p["field"] for p in doc["problems"]], doc
+
+
+def test_the_api_docs_load_nothing_from_outside_the_controller(api):
+    """Swagger UI at /docs takes its script, style and icon from the controller itself, and its
+    CSP refuses any other origin; ReDoc, which only exists on a CDN, is gone."""
+    page = httpx.get(api.url + "/docs")
+    assert page.status_code == 200 and "swagger-ui" in page.text
+    assets = re.findall(r'(?:src|href)=["\']([^"\']+)', page.text)
+    assert assets and all(a.startswith("/docs/static/") for a in assets), assets
+    for asset in assets:
+        r = httpx.get(api.url + asset)
+        assert r.status_code == 200 and len(r.content) > 0, asset
+    csp = page.headers["Content-Security-Policy"]
+    assert "default-src 'self'" in csp and "script-src 'self' 'unsafe-inline'" in csp
+    assert "http" not in csp  # no origin but the controller's own
+    assert httpx.get(api.url + "/redoc").status_code == 404
+    assert httpx.get(api.url + "/openapi.json").json()["info"]["title"] == "meshkeeper controller"
