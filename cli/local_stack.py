@@ -235,6 +235,8 @@ class LocalStack:
                 "controller",
                 "--host",
                 "127.0.0.1",
+                "--allowed-hosts",
+                "127.0.0.1,localhost",
                 "--port",
                 str(self.cfg.port),
                 "--auth-file",

@@ -73,6 +73,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--port", type=int, default=int(env("MESHKEEPER_PORT", "8765")))
     ap.add_argument(
+        "--allowed-hosts",
+        default=env("MESHKEEPER_ALLOWED_HOSTS", "*"),
+        help="comma-separated Host header values the API answers (a leading '*.' matches "
+        "subdomains), others get 400: a browser page on a rebound DNS name cannot reach it. "
+        "Default '*' (any); `meshkeeper up` gives 127.0.0.1,localhost",
+    )
+    ap.add_argument(
         "--request-timeout",
         type=float,
         default=float(env("MESHKEEPER_REQUEST_TIMEOUT_S", "10")),
@@ -350,7 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # a Redis URL it cannot use (services/redis_url.py names the part)
         print(f"controller: --redis-url: {e}", file=sys.stderr)
         return 2
-    app = create_app(ctl, auth)
+    app = create_app(
+        ctl, auth, hosts=[h.strip() for h in args.allowed_hosts.split(",") if h.strip()]
+    )
     for_a_big_heap()
     uvicorn.run(
         app,

@@ -26,6 +26,7 @@ from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import Match
 
 from controller import agents_api, history, jobs, plan_api, web
@@ -91,7 +92,9 @@ def _error(status: int, detail: str, problems: list[dict] | None = None) -> JSON
     return JSONResponse({"detail": detail, "problems": problems or []}, status_code=status)
 
 
-def create_app(ctl: Controller, auth: Auth) -> FastAPI:
+def create_app(ctl: Controller, auth: Auth, hosts: list[str] = ("*",)) -> FastAPI:
+    """The REST API; `hosts`: the Host header values it answers (TrustedHostMiddleware)."""
+
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         ctl.start()
@@ -110,6 +113,7 @@ def create_app(ctl: Controller, auth: Auth) -> FastAPI:
     )
     app.state.auth = auth  # the agents' join router checks the join token with it
     app.add_middleware(BodyLimit, limit=MAX_BODY)
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(hosts))  # outermost: first
     _install_error_handlers(app)
     _install_openapi(app)
     install_docs(app)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from services.procs import free_port
@@ -99,3 +100,15 @@ def test_a_password_on_the_controllers_command_line_is_refused(tmp_path):
         assert r.returncode == 2, (flag, r.returncode, r.stderr)
         assert "Traceback" not in r.stderr and "s3cret" not in r.stderr, r.stderr
         assert f"{flag} holds a password" in r.stderr and "--redis-url-file" in r.stderr, r.stderr
+
+
+def test_the_api_answers_only_its_own_host_names(up):
+    """A web page on another name that resolves to 127.0.0.1 (DNS rebinding) reaches the
+    port but is refused by name, token or not; the names `up` binds answer."""
+    port = up.url.rsplit(":", 1)[1]
+    auth = {"Authorization": f"Bearer {up.token}"}
+    for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example"):
+        r = httpx.get(up.url + "/v1/jobs", headers={**auth, "Host": host})
+        assert r.status_code == 400, (host, r.status_code)
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}"):
+        assert httpx.get(up.url + "/v1/jobs", headers={**auth, "Host": host}).status_code == 200
