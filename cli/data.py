@@ -121,7 +121,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     print(f"end of document: id {m.eos_id} ({result.eos_from})")
     print(
         f'data: {{source: "dataset:{args.out.resolve()}"}}\n'
-        f"model: {{vocab: {m.tokenizer.vocab_size}}}  # at least this many ids"
+        f"model: {{vocab: {m.tokenizer.vocab_size}}}  # at least this many ids\n"
+        "# a job reads it only under a data root (--data-root; meshkeeper up: RUN_DIR/data)"
     )
     return 0
 

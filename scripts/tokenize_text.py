@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{count} tokens -> {args.out}")
     print(
         f"data: {{source: 'tokens:{args.out.resolve()}', token_dtype: {dtype}}}\n"
-        f"model: {{vocab: {tok.get_vocab_size()}}}  # at least this many ids"
+        f"model: {{vocab: {tok.get_vocab_size()}}}  # at least this many ids\n"
+        "# a job reads the file only under a data root (--data-root; meshkeeper up: RUN_DIR/data)"
     )
 
 

@@ -42,10 +42,12 @@ def confine(path: str, roots: Sequence[Path], *, must_exist: bool) -> Path:
         raise PathRefused(f"{path!r} is relative; give an absolute path under {shown}")
     if ".." in Path(path).parts:
         raise PathRefused(f"{path!r} contains '..'; give a plain absolute path under {shown}")
+    # One sentence for every case (outside, missing, a link out, unreadable): it must not tell
+    # which, and it must be true of each; the agent's check (must_exist) also asks for a file.
+    what = "a readable regular file" if must_exist else "a path"
     refused = PathRefused(
-        f"{path!r} is not {'a readable file' if must_exist else 'a directory'} "
-        f"under the allowed roots ({shown}); use a path inside one of them, "
-        "without symlinks that lead out of it"
+        f"{path!r} is not {what} inside the allowed roots ({shown}), or a link on its way "
+        "leads out of them; use a path inside one of them"
     )
     lexical = Path(os.path.normpath(path))  # folds '.' and '//' ('..' is refused above)
     for root in roots:

@@ -63,9 +63,10 @@ def test_every_format_becomes_the_tokenizers_own_ids(tmp_path, prepare, cli, doc
                 assert sha256_file(shard_path(directory, split, s["name"])) == s["sha256"]
         v = cli("data", "verify", directory)
         assert v.rc == 0 and f"train: {len(train):,} documents" in v.out, v.err
-    assert r.out.splitlines()[-2:] == [
+    assert r.out.splitlines()[-3:] == [
         f'data: {{source: "dataset:{out.resolve()}"}}',
         "model: {vocab: 1000}  # at least this many ids",
+        "# a job reads it only under a data root (--data-root; meshkeeper up: RUN_DIR/data)",
     ]
     names = [i["name"] for i in json.loads((out / "manifest.json").read_text())["inputs"]]
     assert names == [str(inputs / "a.jsonl")] + [

@@ -109,6 +109,18 @@ def test_a_refusal_never_tells_whether_a_path_exists(tree):
     assert outside == inside
 
 
+def test_a_refusal_is_true_of_a_file_and_of_a_link(tree):
+    """The controller's check (no file required) of a data file outside the roots, and the
+    agent's of a link leading out: neither message calls a file a directory, and the link's
+    names the link."""
+    with pytest.raises(PathRefused) as e:
+        confine("/etc/passwd", [tree["root"]], must_exist=False)
+    assert "directory" not in str(e.value) and "not a path inside the allowed roots" in str(e.value)
+    with pytest.raises(PathRefused) as e:
+        confine(f"{tree['root']}/out-file.txt", [tree["root"]], must_exist=True)
+    assert "a link on its way leads out of them" in str(e.value)
+
+
 def test_checkpoint_root_inside_is_resolved_outside_is_refused(tree):
     spec = tiny_spec("ck", checkpoint={"root": f"{tree['root']}/inner/runs"})
     assert confine_spec(spec, [], [tree["root"]], on_host=True)["checkpoint"]["root"] == str(
