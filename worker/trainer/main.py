@@ -295,6 +295,13 @@ def run(args: argparse.Namespace) -> int:
         ckpt = make_checkpointer(args, spec, trainer, metrics)
         if ckpt is not None:
             check_shared(ckpt.store.dir)  # at start, never only at the first commit
+        else:  # the agent always names a root: only a standalone run gets here
+            say(
+                "[meshkeeper] no checkpoints: neither --checkpoint-root nor checkpoint.root "
+                f"is set, so checkpoint.every_steps ({spec.checkpoint.every_steps}) is unused and "
+                "a crash loses the run; give one of them to save",
+                flush=True,
+            )
         plan = (
             SnapshotPlan.from_json(json.loads(Path(args.snapshot_plan).read_text()))
             if args.snapshot_plan
