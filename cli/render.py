@@ -204,9 +204,8 @@ def progress_line(j: api.JobStatus) -> str:
 
 def summary(j: api.JobStatus) -> Text:
     took = (j.finished_at - j.started_at) if j.finished_at and j.started_at else None
-    end = next(
-        (c for c in j.conditions if c.type in ("Succeeded", "Failed") and c.status == "True"), None
-    )
+    ends = ("Succeeded", "Failed", "Cancelled")
+    end = next((c for c in j.conditions if c.type in ends and c.status == "True"), None)
     extra = validation(j)
     return Text.assemble(
         f"job {j.id}: ",

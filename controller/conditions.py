@@ -6,7 +6,7 @@ the time moves only when the status flips, as in Kubernetes.
 
 from __future__ import annotations
 
-TYPES = ("Admitted", "Running", "Recovering", "Succeeded", "Failed")
+TYPES = ("Admitted", "Running", "Recovering", "Succeeded", "Failed", "Cancelled")
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
 PHASES = ("Pending", "Running", "Recovering", *TERMINAL)
 
@@ -48,8 +48,11 @@ def phase_of(conds: list[dict]) -> str:
 
     if true("Succeeded"):
         return "Succeeded"
+    if true("Cancelled"):
+        return "Cancelled"
     failed = true("Failed")
     if failed:
+        # a job cancelled before `Cancelled` was a condition of its own, as Redis still holds it
         return "Cancelled" if failed["reason"] == "Cancelled" else "Failed"
     if true("Recovering"):
         return "Recovering"

@@ -109,4 +109,4 @@ class Scheduler:
 def cancel(ctx: Pass, job: Job) -> None:
     asg = assignment.current(ctx.store, job.id, job.generation) if job.generation else None
     ranks = rank_view(asg, ctx.store.progress(asg.workers)) if asg else []
-    apply.finish(ctx, JobView(job, asg, ranks), "Failed", "Cancelled", "cancelled on request")
+    apply.finish(ctx, JobView(job, asg, ranks), "Cancelled", "Cancelled", "cancelled on request")
