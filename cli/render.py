@@ -241,9 +241,9 @@ def recovery(r: api.Recovery) -> Text:
     if r.durations:
         d = r.durations
         line += (
-            f"\n  resumed at step {r.resumed_step} ({r.steps_lost} steps redone"
+            f"\n  {r.redone_summary()}"
             + (f"; restored from {r.restored_summary()}" if r.restored_from else "")
-            + "); "
+            + "; "
             + ", ".join(
                 f"{k[:-2].replace('_', ' ')} {v:.2f}s" for k, v in d.items() if k != "total_s"
             )

@@ -342,8 +342,16 @@ def new_record(
         fault_at=min((f.fault_at for f in faults), default=now),
         detected_at=now,
         from_generation=job.generation,
-        last_step=max((r.step for r in ranks), default=0),
+        last_step=furthest_step(job, ranks),
     )
+
+
+def furthest_step(job: Job, ranks: list[RankStatus]) -> int:
+    """The furthest step any rank had completed when the fault was seen. A rank whose worker
+    is gone may have no report left (it reads as step 0), so the job's own step, the slowest
+    rank's from earlier reports and never going back, is a floor: with every report gone it
+    is the step the world reached, not 0."""
+    return max([job.step, *(r.step for r in ranks)])
 
 
 def complete(job: Job, ranks: list[RankStatus], now: float) -> Complete | None:
@@ -356,7 +364,10 @@ def complete(job: Job, ranks: list[RankStatus], now: float) -> Complete | None:
     rdzv = _slowest(r.rendezvous_at for r in ranks)
     ready = _slowest(r.ready_at for r in ranks)
     first = max(r.first_step_at for r in ranks)
-    start = min(r.start_step or 0 for r in ranks)
+    # the step every rank resumed from, as the trainers said (their `ready`); a rank that did
+    # not say is left out rather than read as step 0, which would count the whole run as redone
+    starts = [r.start_step for r in ranks if r.start_step is not None]
+    start = min(starts) if starts else None
     spans = {
         "detect_s": (rec.fault_at, rec.detected_at),
         "decide_s": (rec.detected_at, rec.decided_at),
@@ -373,7 +384,7 @@ def complete(job: Job, ranks: list[RankStatus], now: float) -> Complete | None:
         update={
             "completed_at": now,
             "resumed_step": start,
-            "steps_lost": max(0, rec.last_step - start),
+            "steps_lost": None if start is None else max(0, rec.last_step - start),
             "durations": d,
             "restored_from": sources or None,
         }
@@ -381,7 +392,7 @@ def complete(job: Job, ranks: list[RankStatus], now: float) -> Complete | None:
     msg = (
         f"recovery {rec.n} ({rec.cause}, {rec.action}) done in {d['total_s']:.1f}s: "
         + ", ".join(f"{k[:-2]} {v:.2f}s" for k, v in d.items() if k != "total_s")
-        + f"; resumed at step {start}, {done.steps_lost} steps redone"
+        + f"; {done.redone_summary()}"
         + (f"; restored from {done.restored_summary()}" if sources else "")
     )
     return Complete(done, msg)

@@ -161,12 +161,21 @@ class RecoveryRecord(Record):
     detected_at: float
     decided_at: float | None = None
     completed_at: float | None = None
-    last_step: int = 0  # the furthest step any rank had completed when the fault was seen
-    resumed_step: int | None = None
-    steps_lost: int | None = None
+    # the furthest step any rank had completed when the fault was seen (the job's step where
+    # the reports are gone with their worker)
+    last_step: int = 0
+    resumed_step: int | None = None  # the step the new generation resumed from; None: unsaid
+    steps_lost: int | None = None  # redone: last_step - resumed_step; None with resumed_step
     # detect_s, decide_s, rendezvous_s, restore_s, first_step_s, total_s
     durations: dict[str, float] | None = None
     restored_from: dict[str, str] | None = None  # rank -> memory | peer | disk
+
+    def redone_summary(self) -> str:
+        """'resumed at step 15, 5 steps redone'; a resume no rank reported is said so, never
+        printed as step 0."""
+        if self.resumed_step is None:
+            return "resumed at a step no rank reported"
+        return f"resumed at step {self.resumed_step}, {self.steps_lost} steps redone"
 
     def restored_summary(self) -> str:
         """How many ranks restored from where, most first: 'memory 3, peer 1'."""

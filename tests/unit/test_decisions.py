@@ -80,6 +80,31 @@ def test_a_new_record_dates_the_fault_by_its_earliest_and_keeps_the_furthest_ste
     ) == (2, "TrainerKilled", 3, 93.0, 100.0, 14)
 
 
+def test_a_record_whose_ranks_left_no_report_keeps_the_step_the_job_reached():
+    # every worker deregistered: their ranks read as no report (step 0), yet the job had
+    # completed 23 steps, which the restore from step 0 redoes
+    job = Job(id="j", name="j", spec=SPEC, generation=1, step=23)
+    gone = [rank(0, state="lost"), rank(1, state="lost")]
+    rec = faults.new_record(job, gone, "WorkerDead", [fault("WorkerDead", 0, 90.0)], 100.0)
+    assert rec.last_step == 23
+    job.recoveries = [rec.model_copy(update={"to_generation": 2, "decided_at": 101.0})]
+    job.generation = 2
+    times = dict(rendezvous_at=103.0, ready_at=104.0, first_step_at=105.0, start_step=0)
+    done = faults.complete(job, [rank(0, **times), rank(1, **times)], 107.0)
+    assert (done.record.resumed_step, done.record.steps_lost) == (0, 23)
+    assert "resumed at step 0, 23 steps redone" in done.message
+
+
+def test_a_rank_that_did_not_say_where_it_resumed_is_not_read_as_step_0():
+    job = Job(id="j", name="j", spec=SPEC, generation=2, recoveries=[open_record()])
+    times = dict(rendezvous_at=103.0, ready_at=104.0, first_step_at=105.0)
+    done = faults.complete(job, [rank(0, start_step=15, **times), rank(1, **times)], 107.0)
+    assert (done.record.resumed_step, done.record.steps_lost) == (15, 5)
+    unsaid = faults.complete(job, [rank(0, **times), rank(1, **times)], 107.0)
+    assert (unsaid.record.resumed_step, unsaid.record.steps_lost) == (None, None)
+    assert "resumed at a step no rank reported" in unsaid.message
+
+
 def test_a_record_without_faults_is_dated_now():
     job = Job(id="j", name="j", spec=SPEC)
     assert faults.new_record(job, [], "CapacityReturned", [], 50.0).fault_at == 50.0
