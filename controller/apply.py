@@ -186,6 +186,7 @@ def start_generation(
         buddies,
         old.generation if sources is not None else None,
         sources,
+        dp_labels(old, layout),
     )
     job.generation = gen
     job.current = (
@@ -227,6 +228,27 @@ def start_generation(
     return asg
 
 
+def dp_labels(old: Assignment | None, layout: Layout) -> list[int] | None:
+    """The submitted dp index of each replica of `layout`, carried over from `old`: a replica
+    is the one whose ranks' workers and slots it kept (a shrink keeps them and renumbers the
+    replicas after a dropped one); with as many replicas as before, the same (a replacement
+    keeps every coordinate); a replica new to the job takes the lowest label unused (a grow).
+    None (0, 1, ...) for a first placement or a re-planned pp or tp: a new layout altogether."""
+    if old is None or old.shape.pp != layout.shape.pp or old.shape.tp != layout.shape.tp:
+        return None
+    was = {(r.wid, r.local_rank, r.coord.pp, r.coord.tp): old.labels[r.coord.dp] for r in old.ranks}
+    found: dict[int, int] = {}
+    for r in layout.ranks:
+        label = was.get((r.wid, r.local_rank, r.coord.pp, r.coord.tp))
+        if label is not None and label not in found.values():
+            found.setdefault(r.coord.dp, label)
+    if layout.shape.dp == old.shape.dp:
+        found = dict(enumerate(old.labels)) | found
+    free = iter(sorted(set(range(layout.shape.dp + len(old.labels))) - set(found.values())))
+    labels = [found[d] if d in found else next(free) for d in range(layout.shape.dp)]
+    return None if labels == list(range(layout.shape.dp)) else labels
+
+
 def _where(asg: Assignment) -> str:
     return f"{len(set(r.wid for r in asg.ranks))} workers" + (
         f" + {len(asg.spares)} spares" if asg.spares else ""
@@ -253,6 +275,14 @@ def _release(ctx: Pass, tx: Tx, jid: str, wid: str) -> None:
     tx.publish(ctx.keys.worker_assignment(wid), jid)
 
 
+def _from_layout(record: RecoveryRecord, asg: Assignment | None) -> None:
+    """The layout the record's fault struck, for the page to keep drawing until the new
+    generation trains (the new assignment replaces it)."""
+    if asg is not None:
+        record.from_shape = [asg.shape.dp, asg.shape.pp, asg.shape.tp]
+        record.from_dp_labels = asg.labels
+
+
 def _keep(job: Job, record: RecoveryRecord) -> None:
     job.recoveries = (job.recoveries + [record])[-KEEP_RECORDS:]
 
@@ -270,6 +300,7 @@ def _next_generation(
     """Record the recovery and write its generation (and the blame), in one transaction."""
     job = view.job
     record.to_generation, record.decided_at = job.generation + 1, ctx.store.now()
+    _from_layout(record, view.asg)
     _keep(job, record)
     job.set("Recovering", True, reason, msg, ctx.now)
     tx = Tx()
@@ -296,6 +327,7 @@ def _stop_for_capacity(ctx: Pass, view: JobView, d: WaitForCapacity) -> None:
     """Stop the generation and release its workers; the scheduler places the job again (at
     its current dp) as soon as they fit."""
     job = view.job
+    _from_layout(d.record, view.asg)
     _keep(job, d.record)
     job.set("Recovering", True, "WaitingForCapacity", d.message, ctx.now)
     job.set("Running", False, "WaitingForCapacity", d.message, ctx.now)

@@ -92,6 +92,7 @@ def job_status(store: Store, job: Job, alive_within_s: float) -> api.JobStatus:
             rendezvous=f"{asg.master_addr}:{asg.master_port}" if asg else None,
             ranks=ranks,
             spares=asg.spares if asg else [],
+            dp_labels=asg.labels if asg else [],
         ),
         spec=job.spec.model_dump(mode="json"),
     )

@@ -58,6 +58,11 @@ class Mesh(Doc):
     rendezvous: str | None = None
     ranks: list[RankStatus] = []
     spares: list[str] = []
+    dp_labels: list[int] = Field(
+        default=[],
+        description="each replica's dp index in the submitted layout, by its dp coordinate "
+        "now: after a shrink the kept replicas are renumbered from 0, their labels are not",
+    )
 
 
 class Checkpoint(Doc):

@@ -66,6 +66,14 @@ class Assignment:
     buddies: dict[int, int] = field(default_factory=dict)  # rank -> holder of its snapshot copy
     restore_generation: int | None = None  # the generation whose snapshots this one restores
     restore_sources: dict[int, int] | None = None  # rank -> rank whose worker holds its state
+    # The submitted layout's dp index of each replica, by its dp here; None: 0, 1, ... A shrink
+    # renumbers the replicas it keeps (ranks must be dense), and the page still names each by
+    # the place it was submitted at (controller/apply.py `dp_labels`).
+    dp_labels: list[int] | None = None
+
+    @property
+    def labels(self) -> list[int]:
+        return self.dp_labels or list(range(self.shape.dp))
 
     def effective_spec(self, spec: dict) -> dict:
         """The spec this generation trains with: its mesh may be smaller than the submitted one
@@ -111,6 +119,7 @@ class Assignment:
             "restore": None
             if self.restore_sources is None
             else {"generation": self.restore_generation, "sources": self.restore_sources},
+            "dp_labels": self.dp_labels,
         }
         out.update({f"rank:{r.rank}": r.to_json() for r in self.ranks})
         return out
@@ -146,6 +155,7 @@ class Assignment:
                 _int_map(loads(h.get("buddies"), {})),
                 int(restore["generation"]) if restore else None,
                 _int_map(restore["sources"]) if restore else None,
+                loads(h.get("dp_labels")),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None

@@ -155,6 +155,10 @@ class RecoveryRecord(Record):
     replaced: list[dict[str, str]] = []  # {old, new} workers
     quarantined: list[Quarantine] = []
     from_generation: int
+    # the layout the fault struck: [dp, pp, tp], and each replica's submitted dp index
+    # (the page draws it, the faulted ranks red, until the new generation trains)
+    from_shape: list[int] | None = None
+    from_dp_labels: list[int] | None = None
     to_generation: int | None = None
     to_shape: list[int] | None = None  # [dp, pp, tp]
     fault_at: float

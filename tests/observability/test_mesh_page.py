@@ -1,6 +1,7 @@
 """The mesh page in headless Chromium against a real running job: every rank is drawn at its
-(dp, pp, tp) cell; when a rank's trainer is killed its cell shows the recovery, the timeline
-shows the failure and then the recovery, after which the cell is healthy again; the charts
+(dp, pp, tp) cell; when a rank's trainer is killed its cell shows the fault until the
+recovery trains (test_mesh_story.py follows a shrink frame by frame), the timeline shows the
+failure and then the recovery, after which the cell is healthy again; the charts
 (uPlot) show the job's whole history from GET /v1/jobs/{id}/history, marked with the
 recovery and the checkpoints, however late the page was opened.
 Screenshots land in the test's tmp dir (mesh-running.png, mesh-failed.png, mesh-recovered.png,
@@ -21,8 +22,9 @@ CELLS = """return [...document.querySelectorAll('#mesh .cell')].map(c => ({
 TIMELINE = """return [...document.querySelectorAll('#timeline li')].map(li => ({
     reason: li.dataset.reason, warning: li.classList.contains('warning'), text: li.textContent}))"""
 # one rendering of the page: the job's phase and rank 3's cell, drawn in the same tick
-RANK3 = """return {phase: document.getElementById('job-meta').dataset.phase,
-    state: document.querySelector('#mesh .cell[data-rank="3"]')?.dataset.state}"""
+RANK3 = """const c = document.querySelector('#mesh .cell[data-rank="3"]');
+    return {phase: document.getElementById('job-meta').dataset.phase, state: c?.dataset.state,
+    cause: c?.dataset.cause, coord: c?.dataset.coord}"""
 # what the charts draw: their x (steps) and y series, and the marks over the loss chart
 CHARTS = """const c = view.charts; return c.loss ? {steps: Array.from(c.loss.data[0]),
     loss: Array.from(c.loss.data[1]), tps: Array.from(c.tps.data[1]),
@@ -83,14 +85,19 @@ def test_mesh_page_follows_a_killed_rank_through_its_recovery(obs, browser, tmp_
                 (c["state"] for c in browser.execute_script(CELLS) if c["rank"] == "3"), None
             )
 
-        # while the job recovers (a new generation rendezvousing and restoring), the killed
-        # rank's cell is drawn recovering
+        # while the job recovers (a new generation rendezvousing and restoring on the spare),
+        # the killed rank's cell stays red in its place, named by its cause
         seen = wait_until(
             lambda: (s := browser.execute_script(RANK3))["phase"] == "Recovering" and s,
             30,
             "the page to show the job Recovering",
         )
-        assert seen["state"] == "recovering", seen
+        assert seen == {
+            "phase": "Recovering",
+            "state": "dead",
+            "cause": "TrainerKilled",
+            "coord": f"{victim.coord.dp},{victim.coord.pp},{victim.coord.tp}",
+        }, seen
         wait_until(
             lambda: [
                 e

@@ -116,38 +116,92 @@ function renderLegend() {
     ...STATES.map((s) => el("span", { class: `state-${s}` }, s)));
 }
 
+// Each replica's dp index in the submitted layout, by its dp coordinate now: a shrink
+// renumbers the replicas it keeps, and the page still names each where it was submitted.
+function labelsOf(labels, dp) {
+  return labels && labels.length === dp ? labels : [...Array(dp).keys()];
+}
+
+// The recovery from a fault that is still open: until its new generation trains (the job is
+// Running again) the page draws the layout the fault struck, not the new one.
+function openFault(job) {
+  const rec = (job.recoveries || []).at(-1);
+  return job.phase === "Recovering" && rec && rec.faults.length && rec.completed_at == null &&
+    rec.from_shape ? rec : null;
+}
+
+// The cells to draw, as replicas: [{d, label, cells: [{coord, rank, worker, state, text, title}]}]
+function currentLayout(job) {
+  const { dp, pp, tp } = job.mesh.shape;
+  const labels = labelsOf(job.mesh.dp_labels, dp);
+  const byCoord = new Map(job.mesh.ranks.map((r) => [`${r.coord.dp},${r.coord.pp},${r.coord.tp}`, r]));
+  return { pp, tp, replicas: labels.map((label, d) => ({ d, label, cells: cellsOf(pp, tp, d, (p, t) => {
+    const r = byCoord.get(`${d},${p},${t}`);
+    if (!r) return { state: "starting", title: "unassigned" };
+    return rankCell(r, displayState(r, job), r.state, `dp ${label}`);
+  }) })) };
+}
+
+// The fault's generation, each faulted rank red at its old coordinate with its cause; a
+// replica the new generation kept shows its rank there (recovering), a dropped one stopped.
+function faultedLayout(job, rec) {
+  const [dp, pp, tp] = rec.from_shape;
+  const labels = labelsOf(rec.from_dp_labels, dp);
+  const faults = new Map(rec.faults.map((f) => [`${f.coord.dp},${f.coord.pp},${f.coord.tp}`, f]));
+  const now = labelsOf(job.mesh.dp_labels, job.mesh.shape.dp);
+  const same = job.mesh.shape.pp === pp && job.mesh.shape.tp === tp;
+  const kept = new Map(same ? job.mesh.ranks.map((r) => [`${now[r.coord.dp]},${r.coord.pp},${r.coord.tp}`, r]) : []);
+  return { pp, tp, replicas: labels.map((label, d) => ({ d, label, cells: cellsOf(pp, tp, d, (p, t) => {
+    const rank = (d * pp + p) * tp + t;
+    const f = faults.get(`${d},${p},${t}`);
+    if (f) {
+      return { rank, worker: f.worker, state: "dead", cause: f.cause, text: f.cause,
+        title: `rank ${rank} (dp ${label} pp=${p} tp=${t}) on ${f.worker}: ${f.cause}\n${f.detail}` };
+    }
+    const r = kept.get(`${label},${p},${t}`);
+    if (r) return rankCell(r, displayState(r, job), r.state, `dp ${label}`);
+    return { rank, state: "stopped", text: "dropped",
+      title: `rank ${rank} (dp ${label}): its replica left the mesh with rank ${rec.faults[0].rank}` };
+  }) })) };
+}
+
+function cellsOf(pp, tp, d, make) {
+  const cells = [];
+  for (let p = 0; p < pp; p++) for (let t = 0; t < tp; t++) cells.push({ coord: `${d},${p},${t}`, ...make(p, t) });
+  return cells;
+}
+
+function rankCell(r, state, text, where) {
+  return { rank: r.rank, worker: r.worker, state, text,
+    title: `rank ${r.rank} (${where} pp=${r.coord.pp} tp=${r.coord.tp}${r.coord.ep != null ? ` ep=${r.coord.ep}` : ""})` +
+      ` on ${r.worker}: ${r.state}` + (r.step != null ? `, step ${r.step}` : "") + (r.error ? `\n${r.error}` : "") };
+}
+
 function renderMesh(job) {
-  const { dp, pp, tp, ep } = job.mesh.shape;
+  const rec = openFault(job);
+  const { pp, tp, replicas } = rec ? faultedLayout(job, rec) : currentLayout(job);
+  const ep = job.mesh.shape.ep;
   // with experts split over ep, each replica holds one expert shard of ep
   const shard = (d) => (ep ? ` · experts ${d % ep + 1}/${ep}` : "");
-  const byCoord = new Map(job.mesh.ranks.map((r) => [`${r.coord.dp},${r.coord.pp},${r.coord.tp}`, r]));
-  const replicas = [];
-  for (let d = 0; d < dp; d++) {
-    const grid = el("div", { class: "grid", style: { gridTemplateColumns: `repeat(${tp}, auto)` } });
-    for (let p = 0; p < pp; p++) {
-      for (let t = 0; t < tp; t++) {
-        const r = byCoord.get(`${d},${p},${t}`);
-        const state = r ? displayState(r, job) : "starting";
-        const cell = el("div", {
-          class: `cell state-${state}`,
-          data: { rank: r ? r.rank : "", state, coord: `${d},${p},${t}`, worker: r ? r.worker : "" },
-          title: r ? `rank ${r.rank} (dp=${d} pp=${p} tp=${t}${ep ? ` ep=${d % ep}` : ""}) on ${r.worker}: ${r.state}` +
-            (r.step != null ? `, step ${r.step}` : "") + (r.error ? `\n${r.error}` : "") : "unassigned",
-        }, el("b", {}, r ? `r${r.rank}` : "?"), el("div", { class: "sub" }, r ? r.worker : ""),
-          el("div", { class: "sub" }, r ? r.state : ""));
-        grid.append(cell);
-      }
-    }
-    replicas.push(el("div", { class: "replica" }, el("h4", {}, `dp ${d} · pp×tp ${pp}×${tp}${shard(d)}`), grid));
-  }
+  const blocks = replicas.sort((a, b) => a.label - b.label).map(({ d, label, cells }) => {
+    const grid = el("div", { class: "grid", style: { gridTemplateColumns: `repeat(${tp}, auto)` } },
+      ...cells.map((c) => el("div", {
+        class: `cell state-${c.state}`,
+        data: { rank: c.rank ?? "", state: c.state, coord: c.coord, worker: c.worker || "", cause: c.cause || "" },
+        title: c.title,
+      }, el("b", {}, c.rank != null ? `r${c.rank}` : "?"), el("div", { class: "sub" }, c.worker || ""),
+        el("div", { class: "sub" }, c.text || ""))));
+    return el("div", { class: "replica", data: { dp: label } },
+      el("h4", {}, `dp ${label} · pp×tp ${pp}×${tp}${shard(d)}`), grid);
+  });
   const spares = job.mesh.spares || [];
   if (spares.length) {
     const grid = el("div", { class: "grid", style: { gridTemplateColumns: `repeat(${spares.length}, auto)` } },
       ...spares.map((w) => el("div", { class: "cell state-spare", data: { state: "spare", worker: w },
         title: `spare worker ${w}` }, el("b", {}, "spare"), el("div", { class: "sub" }, w))));
-    replicas.push(el("div", { class: "replica spares" }, el("h4", {}, "spares"), grid));
+    blocks.push(el("div", { class: "replica spares" }, el("h4", {}, "spares"), grid));
   }
-  document.getElementById("mesh").replaceChildren(...replicas);
+  document.getElementById("mesh").replaceChildren(...blocks);
 }
 
 function renderMeta(job) {
@@ -195,10 +249,12 @@ function seriesOf(points) {
 }
 
 // A recovery is marked where its fault struck (the furthest step completed then), a checkpoint
-// at the step it saved.
+// at the step it saved. A recovery's mark names its cause and action; a planned grow is not a
+// fault and is drawn in another colour and shape (mesh.css).
 function marksOf(hist) {
   return [
-    ...hist.recoveries.map((r) => ({ step: r.last_step, kind: "recovery",
+    ...hist.recoveries.map((r) => ({ step: r.last_step, kind: r.action === "grow" ? "grow" : "recovery",
+      text: `${r.cause} → ${r.action || "deciding"}`,
       label: `recovery ${r.n}: ${r.cause}` + (r.action ? `, ${r.action}` : "") +
         (r.resumed_step != null ? `, resumed at step ${r.resumed_step}` : "") })),
     ...hist.checkpoints.map((c) => ({ step: c.step, kind: "checkpoint",
@@ -219,7 +275,7 @@ function setMarks(u, marks) {
   for (const { node } of u.marks || []) node.remove();
   u.marks = marks.map((m) => {
     const node = el("div", { class: `mark mark-${m.kind}`, title: m.label,
-      data: { step: String(m.step), kind: m.kind } });
+      data: { step: String(m.step), kind: m.kind } }, ...(m.text ? [el("span", { class: "mark-label" }, m.text)] : []));
     u.over.append(node);
     return { step: m.step, node };
   });
@@ -268,7 +324,9 @@ function renderCharts(hist) {
     ? `${hist.points.length.toLocaleString()} shown (each the last of its run of steps)` : "all shown";
   document.getElementById("chart-note").textContent = hist.total_points
     ? `${hist.total_points.toLocaleString()} points recorded, ${shown}; ` +
-      `${hist.recoveries.length} recoveries (red), ${hist.checkpoints.length} checkpoints (green)`
+      `${hist.recoveries.filter((r) => r.action !== "grow").length} fault recoveries (red), ` +
+      `${hist.recoveries.filter((r) => r.action === "grow").length} grows (blue), ` +
+      `${hist.checkpoints.length} checkpoints (green)`
     : "waiting for steps…";
 }
 
@@ -281,11 +339,47 @@ async function pullEvents(id) {
     if (body.events.length < 200) break;
   }
   const list = document.getElementById("timeline");
-  list.replaceChildren(...view.events.slice().reverse().map((e) =>
-    el("li", { class: e.type === "Warning" ? "warning" : "", data: { reason: e.reason || "", id: e.id } },
+  list.replaceChildren(...timelineOf(view.events).reverse().map((e) =>
+    el("li", { class: [e.type === "Warning" ? "warning" : "", e.folded ? "folded" : ""].join(" ").trim(),
+      data: { reason: e.reason || "", id: e.id, generation: e.generation ?? "", folded: e.folded || "" } },
       el("span", { class: "time" }, new Date(e.time * 1000).toLocaleTimeString()),
       el("span", { class: "reason" }, e.reason || ""),
       el("span", { class: "message" }, e.message || ""))));
+}
+
+// The agents' per-worker and per-rank start and stop events (a clean exit among them) fold
+// into one line per generation and kind, where the first of them was: otherwise they bury
+// the few that tell what happened. Warnings (a rank that died) and the controller's events
+// stay one line each.
+const FOLDED = { TrainerStarted: "started", TrainerStopped: "stopped", TrainerExited: "exited" };
+function timelineOf(events) {
+  const out = [], groups = new Map();
+  for (const e of events) {
+    const verb = e.type !== "Warning" && FOLDED[e.reason];
+    if (!verb) { out.push(e); continue; }
+    const key = `${e.reason}/${e.generation}`;
+    if (!groups.has(key)) {
+      const g = { ...e, verb, ranks: new Set(), workers: new Set(), folded: 0 };
+      groups.set(key, g);
+      out.push(g);
+    }
+    const g = groups.get(key);
+    g.folded += 1;
+    g.workers.add(e.source);
+    ranksIn(e.message).forEach((r) => g.ranks.add(r));
+    const n = g.ranks.size || g.folded, w = g.workers.size;
+    g.message = `generation ${e.generation}: ${n} rank${n === 1 ? "" : "s"} ${verb}` +
+      ` on ${w} worker${w === 1 ? "" : "s"}` + (verb === "exited" ? " (code 0)" : "");
+  }
+  return out;
+}
+
+// "... started ranks [0, 1] (pids ...)", "... stopped ranks [2]", "rank 3 on worker ..."
+function ranksIn(message) {
+  const list = /ranks \[([\d, ]*)\]/.exec(message || "");
+  if (list) return list[1].split(",").filter((x) => x.trim()).map(Number);
+  const one = /^rank (\d+) /.exec(message || "");
+  return one ? [Number(one[1])] : [];
 }
 
 async function tick() {
