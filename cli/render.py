@@ -247,6 +247,6 @@ def recovery(r: api.Recovery) -> Text:
             + ", ".join(
                 f"{k[:-2].replace('_', ' ')} {v:.2f}s" for k, v in d.items() if k != "total_s"
             )
-            + f" = {d['total_s']:.2f}s from fault to training"
+            + (f" = {d['total_s']:.2f}s from fault to training" if "total_s" in d else "")
         )
     return Text(line, style="bold yellow")

@@ -376,9 +376,9 @@ def complete(job: Job, ranks: list[RankStatus], now: float) -> Complete | None:
         "first_step_s": (ready, first),
         "total_s": (rec.fault_at, first),
     }
-    # a mark some rank did not report leaves out the phases it bounds, rather than timing
-    # them from the epoch
-    d = {k: b - a for k, (a, b) in spans.items() if a is not None and b is not None}
+    # a mark some rank did not report (None, or 0: the epoch) leaves out the phases it bounds,
+    # rather than timing them from the epoch
+    d = {k: b - a for k, (a, b) in spans.items() if a and b}
     sources = {str(r.rank): r.restored_from for r in ranks if r.restored_from}
     done = rec.model_copy(
         update={
@@ -390,7 +390,9 @@ def complete(job: Job, ranks: list[RankStatus], now: float) -> Complete | None:
         }
     )
     msg = (
-        f"recovery {rec.n} ({rec.cause}, {rec.action}) done in {d['total_s']:.1f}s: "
+        f"recovery {rec.n} ({rec.cause}, {rec.action}) done"
+        + (f" in {d['total_s']:.1f}s" if "total_s" in d else "")
+        + ": "
         + ", ".join(f"{k[:-2]} {v:.2f}s" for k, v in d.items() if k != "total_s")
         + f"; {done.redone_summary()}"
         + (f"; restored from {done.restored_summary()}" if sources else "")
@@ -399,9 +401,9 @@ def complete(job: Job, ranks: list[RankStatus], now: float) -> Complete | None:
 
 
 def _slowest(marks: Iterable[float | None]) -> float | None:
-    """The last of the ranks' marks, or None if any rank did not report its own."""
+    """The last of the ranks' marks, or None if any rank did not report its own (None or 0)."""
     got = list(marks)
-    return None if None in got else max(got)
+    return max(got) if all(got) else None
 
 
 def _message(first: FaultRecord, action: str, layout: Layout) -> str:

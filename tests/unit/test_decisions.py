@@ -169,6 +169,23 @@ def test_a_mark_one_rank_did_not_report_leaves_its_phases_out():
     assert d == {"detect_s": 1.0, "decide_s": 0.5, "first_step_s": 1.5, "total_s": 6.0}
 
 
+def test_a_mark_at_the_epoch_is_missing_not_a_duration_of_56_years():
+    job = Job(id="j", name="j", spec=SPEC, generation=2, recoveries=[open_record()])
+    ranks = [
+        rank(0, rendezvous_at=103.0, ready_at=104.0, first_step_at=105.0, start_step=15),
+        rank(1, rendezvous_at=0.0, ready_at=104.5, first_step_at=106.0, start_step=15),
+    ]
+    done = faults.complete(job, ranks, 107.0)
+    d = done.record.durations
+    assert d == {"detect_s": 1.0, "decide_s": 0.5, "first_step_s": 1.5, "total_s": 6.0}
+    assert "rendezvous" not in done.message and "restore" not in done.message
+    unknown = open_record().model_copy(update={"fault_at": 0.0})  # no fault time: no total
+    job.recoveries = [unknown]
+    done = faults.complete(job, ranks, 107.0)
+    assert set(done.record.durations) == {"decide_s", "first_step_s"}
+    assert done.message.startswith("recovery 1 (TrainerKilled, replace) done: decide 0.50s")
+
+
 def test_no_completion_until_every_rank_trained_a_step():
     job = Job(id="j", name="j", spec=SPEC, generation=2, recoveries=[open_record()])
     assert faults.complete(job, [rank(0, first_step_at=105.0), rank(1)], 107.0) is None

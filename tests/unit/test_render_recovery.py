@@ -33,3 +33,8 @@ def test_a_phase_not_measured_is_left_out_not_a_crash():
     d = {"detect_s": 4.0, "decide_s": 0.1, "first_step_s": 0.4, "total_s": 6.0}
     text = render.recovery(record(d)).plain
     assert "decide 0.10s, first step 0.40s = 6.00s" in text and "rendezvous" not in text
+
+
+def test_a_recovery_with_no_fault_time_prints_no_total():
+    text = render.recovery(record({"decide_s": 0.1, "first_step_s": 0.4})).plain
+    assert text.endswith("decide 0.10s, first step 0.40s")
