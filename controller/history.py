@@ -75,6 +75,13 @@ def read(store: Store, jid: str, max_points: int) -> tuple[list[HistoryPoint], i
     return kept, i
 
 
+def recent(store: Store, jid: str, n: int) -> list[HistoryPoint]:
+    """The newest `n` points of job `jid`'s history, newest first (one XREVRANGE)."""
+    return [
+        HistoryPoint.model_validate(f) for _, f in store.r.xrevrange(key(store.keys, jid), count=n)
+    ]
+
+
 def job_history(store: Store, job: Job, max_points: int) -> dict:
     """The `api.JobHistory` document of `job`: its history downsampled to `max_points`, its
     recoveries (oldest first) and the checkpoint commits its pointer still lists."""

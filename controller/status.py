@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import statistics
+
+from controller import history
 from controller.conditions import TERMINAL
 from controller.jobs import Job
 from controller.placement import natural_key
@@ -69,7 +72,7 @@ def job_status(store: Store, job: Job, alive_within_s: float) -> api.JobStatus:
         eval_loss=job.eval_loss,
         eval_perplexity=perplexity(job.eval_loss) if job.eval_loss is not None else None,
         eval_step=job.eval_step,
-        eta_s=_eta(job),
+        eta_s=_eta(store, job),
         started_at=job.started_at,
         last_checkpoint=(
             api.Checkpoint(
@@ -98,10 +101,22 @@ def job_status(store: Store, job: Job, alive_within_s: float) -> api.JobStatus:
     )
 
 
-def _eta(job: Job) -> float | None:
+ETA_WINDOW = 21  # history points (about one a step) whose step time the ETA takes
+
+
+def _eta(store: Store, job: Job) -> float | None:
     if job.phase != "Running" or not job.step_s:
         return None
-    return max(0, job.total_steps - job.step) * job.step_s
+    times = [p.step_s for p in history.recent(store, job.id, ETA_WINDOW) if p.step_s]
+    return eta(job.total_steps - job.step, times or [job.step_s])
+
+
+def eta(remaining: int, step_times: list[float]) -> float:
+    """Seconds for the `remaining` steps at the median of the recent steps' times. The latest
+    step's time alone swung the ETA 4:13 -> 10:26 -> 4:45 within seconds: one slow step (an
+    eval, a checkpoint save, a busy neighbour) moves the median by at most one place, while a
+    slowdown that lasts past half the window (a shrunk mesh) moves it all the way."""
+    return max(0, remaining) * statistics.median(step_times)
 
 
 def workers_status(store: Store, alive_within_s: float) -> list[dict]:
