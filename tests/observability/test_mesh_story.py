@@ -102,7 +102,8 @@ def test_the_page_keeps_a_killed_cell_in_place_folds_events_and_labels_marks(
         # the killed cell, red and named by its cause, from the recovery's first frame on
         def dead_cell(s):
             return next(
-                (c for r in s["replicas"] for c in r["cells"] if c["cause"] == "WorkerDead"), None
+                (c for r in s["replicas"] for c in r["cells"] if c.get("cause") == "WorkerDead"),
+                None,
             )
 
         first = next((i for i, s in enumerate(story) if dead_cell(s)), None)
