@@ -1,7 +1,8 @@
 """Follow a job until it ends: its progress, each recovery as it completes, the summary.
 
 A terminal gets a live progress bar (rich) with the recoveries printed above it; a pipe or a
-CI log gets plain progress lines, only when they change and at most every 2 s."""
+CI log gets plain progress lines, one for a step at most (the first poll that shows it, with
+that step's loss) and at most every 2 s."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ class LiveBar:
 
 class LogLines:
     def __init__(self, out: Console):
-        self.out, self.last, self.printed_at = out, "", 0.0
+        self.out, self.printed_step, self.printed_at = out, -1, 0.0
 
     def __enter__(self) -> LogLines:
         return self
@@ -55,12 +56,13 @@ class LogLines:
         pass
 
     def show(self, j: api.JobStatus) -> None:
-        line = render.progress_line(j)
+        # Keyed on the step, not on the line: the ETA, the speed or the phase change between
+        # polls of one step, and printing on any change printed step 12 twice. The job's step
+        # never goes back (a recovery redoes steps below it), so no step returns either.
         due = time.monotonic() - self.printed_at > LOG_EVERY_S or j.phase in TERMINAL
-        if line != self.last and due:
-            self.out.print(line)
-            self.printed_at = time.monotonic()
-        self.last = line
+        if j.step > self.printed_step and due:
+            self.out.print(render.progress_line(j))
+            self.printed_step, self.printed_at = j.step, time.monotonic()
 
 
 def watch(

@@ -106,10 +106,11 @@ class Job:
         """Take step, loss and speed together from one summary (`ranks.summarize`), only if
         it is not behind what is stored: a report may be older than what was already stored,
         and mixing fields of two reports showed one step with another step's loss."""
-        if progress is None or progress.step < self.step:
+        # A report with no loss is of a rank that has not trained in its generation yet: its
+        # step is the one it resumes at, whose loss only the old generation knew. Taken, it
+        # was stored with the previous step's loss (a None is not written over it).
+        if progress is None or progress.step < self.step or progress.loss is None:
             return
-        if progress.step == self.step and progress.loss is None:
-            return  # a rank that has not trained in this generation yet: nothing newer
         self.step, self.loss = progress.step, progress.loss
         self.tokens_per_s, self.step_s = progress.tokens_per_s, progress.step_s
         # a generation reports no eval before its first one (nor an epoch before its first

@@ -76,3 +76,27 @@ def test_each_new_step_is_one_history_point_with_its_own_loss(store):
     report(store, jid, {"0": (5, 3.2), "1": (5, 3.2)})
     sched.run_once(lease)
     assert [(p.step, p.loss) for p in history(store, jid)] == [(3, 3.7), (5, 3.2)]
+
+
+def test_a_step_no_rank_trained_yet_is_not_stored_beside_the_previous_steps_loss(store):
+    sched = Scheduler(store, SchedulerConfig(worker_alive_s=30), "ctl")
+    lease = store.acquire_lease("ctl", ttl_s=60)
+    for wid in ("w1", "w2"):
+        agent_up(store, wid)
+    jid = tiny_job(store, "resumed", dp=2)
+    sched.run_once(lease)
+    report(store, jid, {"0": (12, 3.5), "1": (12, 3.5)})
+    sched.run_once(lease)
+    # every rank restored a snapshot of step 14 and has not trained yet: each reports the
+    # step it resumes at, with no loss (worker/agent/rank_progress.py). The job's hash once
+    # took step 14 and kept step 12's loss (a None is not written), and every screen then
+    # showed step 14 with step 12's loss.
+    report(store, jid, {"0": (14, None), "1": (14, None)})
+    sched.run_once(lease)
+    job = Job.from_hash(jid, store.job(jid))
+    assert (job.step, job.loss) == (12, 3.5)
+    report(store, jid, {"0": (15, 3.1), "1": (15, 3.1)})
+    sched.run_once(lease)
+    job = Job.from_hash(jid, store.job(jid))
+    assert (job.step, job.loss) == (15, 3.1)
+    assert [(p.step, p.loss) for p in history(store, jid)] == [(12, 3.5), (15, 3.1)]
