@@ -94,7 +94,7 @@ def limited_group(name: str, limit: int) -> tuple[Path, bool]:
 
 @dataclass
 class MemoryWatch:
-    peak: int = 0  # bytes: the process's high-water mark, and the cgroup's peak after an OOM kill
+    peak: int = 0  # bytes: the process's own high-water mark; the cgroup's peak after an OOM kill
     group: Path | None = None
     v2: bool = False
     kills_at_start: int | None = None  # the group's (or host's) OOM kills when first seen
@@ -116,19 +116,18 @@ class MemoryWatch:
                 self.group.rmdir()
 
     def sample(self, process: psutil.Process) -> None:
-        # psutil has no high-water mark: the kernel's VmHWM catches a spike between two of
-        # the agent's ticks that the sampled RSS would miss; an OOM kill in a limited group
-        # reads the group's own peak instead.
+        # The kernel's high-water mark catches a spike between two of the agent's ticks that
+        # a sampled RSS would miss, and less the pages shared with the zygote it is the
+        # trainer's own (psutil's RSS counts those: 8x a small rank's); an OOM kill in a
+        # limited group reads the group's own peak instead.
         try:
-            with process.oneshot():
-                # a zombie (dead, not yet reaped) reads as rss 0 and may no longer show its
-                # group: re-baselining on it would hide the OOM kill that just ended it
-                if process.status() == psutil.STATUS_ZOMBIE:
-                    return
-                rss = process.memory_info().rss
+            # a zombie (dead, not yet reaped) may no longer show its group: re-baselining on
+            # it would hide the OOM kill that just ended it
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return
         except psutil.Error:
             return
-        self.peak = max(self.peak, rss, high_water_mark(process.pid) or 0)
+        self.peak = max(self.peak, high_water_mark(process.pid) or 0)
         self.baseline(process.pid)
 
     def baseline(self, pid: int) -> None:
