@@ -48,6 +48,7 @@ class LiveBar:
 class LogLines:
     def __init__(self, out: Console):
         self.out, self.printed_step, self.printed_at = out, -1, 0.0
+        self.phase: str | None = None
 
     def __enter__(self) -> LogLines:
         return self
@@ -59,6 +60,9 @@ class LogLines:
         # Keyed on the step, not on the line: the ETA, the speed or the phase change between
         # polls of one step, and printing on any change printed step 12 twice. The job's step
         # never goes back (a recovery redoes steps below it), so no step returns either.
+        if self.phase is not None and j.phase != self.phase and j.phase not in TERMINAL:
+            self.out.print(f"{j.id}: {j.phase}")  # a line of its own, never a step's again
+        self.phase = j.phase
         due = time.monotonic() - self.printed_at > LOG_EVERY_S or j.phase in TERMINAL
         if j.step > self.printed_step and due:
             self.out.print(render.progress_line(j))

@@ -1,6 +1,6 @@
 """`meshkeeper watch` (and the demo) in a pipe (cli/watch.py `LogLines`): each step's line at
 most once, with that step's loss, however the ETA, the speed or the phase change between
-polls (the demo printed step 12 twice)."""
+polls (the demo printed step 12 twice); a phase change is a line of its own."""
 
 from __future__ import annotations
 
@@ -34,6 +34,12 @@ def test_each_step_is_printed_once_with_its_own_loss(lines):
     for j in polls:
         view.show(j)
     printed = out.getvalue().splitlines()
+    # the phase changes get lines of their own, which are no step's
+    assert [line.split(": ")[1] for line in printed if not line.startswith("step")] == [
+        "Recovering",
+        "Running",
+    ]
+    printed = [line for line in printed if line.startswith("step")]
     assert [line.split("  ")[:2] for line in printed] == [
         ["step 12/100", "loss 3.5000"],
         ["step 13/100", "loss 3.4000"],
