@@ -148,7 +148,7 @@ def test_a_failed_ranks_own_words_reach_the_jobs_status(up):
         lambda: (j := up.client.job(jid)).phase in ("Failed", "Succeeded") and j, 120, "the end"
     )
     assert j.phase == "Failed", j.conditions
-    said = "data.source: the file holds 2 tokens, fewer than seq_len+1"
+    said = "data.source: the training data holds 2 tokens, fewer than seq_len+1"
     assert said in j.condition("Failed").message, j.condition("Failed")
     [r] = j.mesh.ranks
     assert r.exit_code == 2 and said in (r.error or ""), r

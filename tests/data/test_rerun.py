@@ -67,7 +67,9 @@ def start(big, out, tokenizer_file):
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + 60
-    while not (out / "train" / "shard-00002.bin").exists():
+    # the second shard (a first may be an earlier dataset's): most of the input is still
+    # ahead (after the third, a fast machine finished the run before the signal landed)
+    while not (out / "train" / "shard-00001.bin").exists():
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.02)
