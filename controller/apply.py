@@ -50,7 +50,7 @@ def enact(ctx: Pass, view: JobView, d: Decision) -> bool:
     elif isinstance(d, Grow):
         ctx.pool.take(r.wid for r in d.layout.ranks)
         _next_generation(
-            ctx, view, d.layout, d.record, "GrowingDP", d.message, "Normal", quarantine.Blame()
+            ctx, view, d.layout, d.record, d.reason, d.message, "Normal", quarantine.Blame()
         )
     elif isinstance(d, WaitForCapacity):
         job.restarts += 1

@@ -44,11 +44,12 @@ class WaitForCapacity:
 
 @dataclass(frozen=True)
 class Grow:
-    """Back towards the target dp on returning capacity (planned: not a restart)."""
+    """Back towards the submitted layout on returning capacity (planned: not a restart)."""
 
     layout: Layout
     record: RecoveryRecord
     message: str
+    reason: str = "GrowingDP"  # RestoringLayout: back from a re-plan's pp or tp
 
 
 @dataclass(frozen=True)

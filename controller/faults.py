@@ -171,9 +171,18 @@ def replanned(
 ) -> Layout | None:
     """Another layout on the job's healthy workers, its ranks' first, then its live spares
     (controller/replan.py)."""
+    healthy = own_workers(ctx, asg, bad, host_of) + spares
+    infos = registered(ctx, [w.wid for w in healthy])
+    return replan.replan(job.spec, healthy, replan.cluster_of(infos)) if healthy else None
+
+
+def own_workers(
+    ctx: Pass, asg: Assignment, bad: set[str], host_of: dict[str, str]
+) -> list[FreeWorker]:
+    """The workers the job's ranks run on, but `bad`, in rank order."""
     mine = [w for w in dict.fromkeys(r.wid for r in asg.ranks) if w not in bad]
-    infos = registered(ctx, mine + [s.wid for s in spares])
-    healthy = [
+    infos = registered(ctx, mine)
+    return [
         FreeWorker(
             w,
             host_of.get(w, "?"),
@@ -181,8 +190,7 @@ def replanned(
             int(infos[w].get("devices", 1)),
         )
         for w in mine
-    ] + spares
-    return replan.replan(job.spec, healthy, replan.cluster_of(infos)) if healthy else None
+    ]
 
 
 def wait_for_capacity(job: Job, record: RecoveryRecord, blame: Blame) -> WaitForCapacity:
@@ -214,26 +222,33 @@ def straggler(ctx: Pass, view: JobView, slow: FaultRecord, action: str) -> Decis
 
 
 def grow_back(ctx: Pass, view: JobView) -> Decision | None:
-    """Back to the target dp once a replica's worth of workers is idle, at the next
-    checkpoint commit: only the steps trained since that commit are redone."""
+    """Back to the submitted layout once the workers for it are idle, at the next checkpoint
+    commit: only the steps trained since that commit are redone. A shrunk job gains a DP
+    replica at a time; a re-planned one (another pp or tp) returns to the spec's layout whole,
+    the checkpoint resharded to it."""
     job, asg = view.job, view.asg
-    if job.dp >= job.target_dp or job.open_recovery:
-        return None
     p, t = job.spec.parallel, job.spec.train
+    replanned = (asg.shape.pp, asg.shape.tp) != (p.pp, p.tp)
+    if job.open_recovery or not (replanned or job.dp < job.target_dp):
+        return None
     host_of = hosts(ctx, asg.workers)
     # The job's own spares first: a shrink keeps the dropped replica's healthy members as
     # spares, so with TP or PP the returning worker alone never makes a whole replica.
     free = alive_spares(ctx, job, asg, set(), host_of) + ctx.pool.workers
-    layout = grow(
-        asg.shape,
-        asg.ranks,
-        job.target_dp,
-        t.global_batch,
-        p.microbatches,
-        p.pp_schedule == "interleaved_1f1b",
-        free,
-        host_of,
-    )
+    if replanned:
+        host_of |= {w.wid: w.host for w in free}
+        layout = replan.submitted(job.spec, own_workers(ctx, asg, set(), host_of) + free, host_of)
+    else:
+        layout = grow(
+            asg.shape,
+            asg.ranks,
+            job.target_dp,
+            t.global_batch,
+            p.microbatches,
+            p.pp_schedule == "interleaved_1f1b",
+            free,
+            host_of,
+        )
     if layout is None:
         return SetGrowAfter(None) if "grow_after" in job.current else None
     ckpt = int(ctx.store.checkpoint(job.id).get("step") or 0)
@@ -252,11 +267,18 @@ def grow_back(ctx: Pass, view: JobView) -> Decision | None:
     )
     record.action = "grow"
     record.to_shape = [layout.shape.dp, layout.shape.pp, layout.shape.tp]
-    msg = (
-        f"{len(free)} idle workers and spares: growing dp {asg.shape.dp} -> "
-        f"{layout.shape.dp} after checkpoint {ckpt} (planned: not counted as a restart)"
+    to = layout.shape
+    change = (
+        f"back to the submitted layout dp={to.dp} pp={to.pp} tp={to.tp} from dp={asg.shape.dp} "
+        f"pp={asg.shape.pp} tp={asg.shape.tp}"
+        if replanned
+        else f"growing dp {asg.shape.dp} -> {to.dp}"
     )
-    return Grow(layout, record, msg)
+    msg = (
+        f"{len(free)} idle workers and spares: {change} after checkpoint {ckpt} (planned: not "
+        "counted as a restart)"
+    )
+    return Grow(layout, record, msg, "RestoringLayout" if replanned else "GrowingDP")
 
 
 # -- what the decisions read ----------------------------------------------------------

@@ -64,3 +64,15 @@ def cluster_of(infos: dict[str, dict[str, str]]) -> planner.Cluster:
     """The planner's view of these workers from their registrations (admission's rules: the
     smallest device count and memory among them)."""
     return pool_cluster(pool_of(infos))
+
+
+def submitted(spec: JobSpec, workers: list[FreeWorker], host_of: dict[str, str]) -> Layout | None:
+    """The spec's own layout (dp, pp, tp, microbatches) placed on `workers` in their order,
+    or None when they do not hold it: where a re-planned job grows back to (controller/
+    faults.py, `grow_back`). The spares are the caller's to name."""
+    p = spec.parallel
+    shape = MeshShape(p.dp, p.pp, p.tp)
+    placed = place(shape, 0, workers)
+    if placed is None:
+        return None
+    return Layout(shape, with_local_world(placed.ranks, host_of), p.microbatches, {}, [])

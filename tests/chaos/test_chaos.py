@@ -421,14 +421,23 @@ def test_no_spare_dp_shrinks_then_grows_back(stack, uninterrupted):
 
 
 # -- 9b -----------------------------------------------------------------------------------
-def test_no_spare_and_dp_at_min_dp_replans_to_another_pipeline_depth(stack, uninterrupted):
+def test_no_spare_and_dp_at_min_dp_replans_then_returns_to_the_submitted_layout(
+    stack, uninterrupted
+):
     """dp2 x pp2 with min_dp 2, no spare and no idle worker: a dead worker's replica cannot
     be dropped, so the controller re-plans (controller/replan.py) instead of waiting: dp2 x
     pp1 on the three healthy workers, the third kept as the job's spare. The job resumes from
-    its checkpoint resharded to the new pipeline depth and finishes with the loss curve of an
-    uninterrupted run (rtol 1e-5: another mesh)."""
+    its checkpoint resharded to the new pipeline depth. When the worker returns, the job goes
+    back to the submitted dp2 x pp2 at its next checkpoint commit (a planned grow, reason
+    RestoringLayout), and finishes with the loss curve of an uninterrupted run (rtol 1e-5:
+    other meshes)."""
+    # 25 steps: checkpoints still to come after the worker returns (the return resumes at one)
     spec = mesh_spec(
-        "chaos-replan", parallel={"dp": 2, "pp": 2, "microbatches": 2}, spares=0, min_dp=2
+        "chaos-replan",
+        steps=25,
+        parallel={"dp": 2, "pp": 2, "microbatches": 2},
+        spares=0,
+        min_dp=2,
     )
     want = uninterrupted(spec)
     with pool_cut_to(stack, 4):
@@ -437,16 +446,28 @@ def test_no_spare_and_dp_at_min_dp_replans_to_another_pipeline_depth(stack, unin
         wait_record(metrics_path(stack, j1, 3), at_step(EVERY + 1), 180, "rank 3 past a commit")
         w.until(lambda j: j.last_checkpoint, 60, "a committed checkpoint")
         stack.kill_worker(victim.worker, [victim.pid])
+        replanned = w.until(
+            lambda j: j.generation >= 2 and j.mesh.shape.pp == 1, 120, "a re-plan to pp 1"
+        )
+        healthy = {r.worker for r in j1.mesh.ranks} - {victim.worker}
+        assert {r.worker for r in replanned.mesh.ranks} | set(replanned.mesh.spares) == healthy
+        assert len(replanned.mesh.ranks) == 2
+        returned_at = w.poll().last_checkpoint.step
+        stack.restart_agent(victim.worker)
         j = w.finish(400)
     succeeded(stack, j)
-    [rec] = j.recoveries
-    assert (rec.cause, rec.action, rec.to_shape) == ("WorkerDead", "replan", [2, 1, 1]), rec
-    completed(rec)
+    plan, back = j.recoveries
+    assert (plan.cause, plan.action, plan.to_shape) == ("WorkerDead", "replan", [2, 1, 1]), plan
+    assert (back.cause, back.action, back.to_shape) == ("CapacityReturned", "grow", [2, 2, 1])
+    for r in j.recoveries:
+        completed(r)
+    assert back.resumed_step > returned_at, (back, returned_at)
     started = [e.message for e in events(stack, j.id) if e.reason == "RecoveryStarted"]
-    assert len(started) == 1 and "re-planned to dp=2 pp=1 tp=1" in started[0], started
-    healthy = {r.worker for r in j1.mesh.ranks} - {victim.worker}
-    assert {r.worker for r in j.mesh.ranks} | set(j.mesh.spares) == healthy
-    assert len(j.mesh.ranks) == 2 and j.restarts == 1
+    assert "re-planned to dp=2 pp=1 tp=1" in started[0], started
+    assert "RestoringLayout" in reasons(stack, j.id)
+    assert j.restarts == 1  # the return is planned: not a restart
+    assert (j.mesh.shape.dp, j.mesh.shape.pp, j.mesh.shape.tp) == (2, 2, 1)
+    assert {r.worker for r in j.mesh.ranks} == {r.worker for r in j1.mesh.ranks}
     assert_curve(stack, j, want, exact=False)
 
 
