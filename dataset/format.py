@@ -95,6 +95,16 @@ class Manifest(Frozen):
         return 2 if self.dtype == "uint16" else 4
 
 
+def content_id(manifest: Manifest) -> str:
+    """What the token streams are, wherever the directory lies: the same shards, index,
+    tokenizer and EOS give the same id (a checkpoint records it; a resume compares)."""
+    body = json.dumps(
+        [manifest.dtype, manifest.eos_id, manifest.tokenizer.sha256]
+        + [[name, entry.model_dump(mode="json")] for name, entry in sorted(manifest.splits.items())]
+    )
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:

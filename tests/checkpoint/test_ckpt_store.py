@@ -42,6 +42,17 @@ def test_data_stream_check_names_the_field():
         DataStream(seed=7, global_batch=4).check_resume(same.train_state(40))
 
 
+def test_data_stream_check_names_another_dataset():
+    saved = DataStream(seed=7, global_batch=8, source="c541ee4ff45cd457").train_state(40)
+    DataStream(seed=7, global_batch=8, source="c541ee4ff45cd457").check_resume(saved)
+    with pytest.raises(ResumeRefused, match="trained on another dataset .content id c541ee4f"):
+        DataStream(seed=7, global_batch=8, source="c9703065d91fc952").check_resume(saved)
+    # a checkpoint from before datasets were recorded resumes as before
+    DataStream(seed=7, global_batch=8, source="c9703065d91fc952").check_resume(
+        DataStream(seed=7, global_batch=8).train_state(40)
+    )
+
+
 def fake_checkpoint(store: CheckpointStore, step: int) -> Pointer:
     d = store.step_dir(step)
     d.mkdir(parents=True)

@@ -5,6 +5,7 @@ and a rank's memory that does not grow with the dataset."""
 from __future__ import annotations
 
 import copy
+import shutil
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from dataset.format import MANIFEST, Manifest, SplitRule, TokenizerEntry
 from dataset.shard_writer import SplitWriter
 from tests.corpus import prepared, stdlib_docstrings
-from tests.launch import train
+from tests.launch import run_ranks, train, trainer_args
 
 pytestmark = pytest.mark.slow
 
@@ -99,3 +100,21 @@ def test_a_ranks_memory_does_not_grow_with_the_dataset(tmp_path):
         peaks[name] = records[-1]["peak_mem_bytes"]
         assert sum(f.stat().st_size for f in (tmp_path / name / "train").iterdir()) >= (tokens * 2)
     assert abs(peaks["large"] - peaks["small"]) <= 64 << 20, peaks
+
+
+def test_a_resume_onto_another_dataset_is_refused(corpus, tmp_path):
+    """The checkpoint records the dataset's content id: the same job resumed after its
+    directory was prepared again from other text stops (exit 2) instead of training on."""
+    run, root = tmp_path / "run", tmp_path / "root"
+    source = tmp_path / "ds"
+    shutil.copytree(corpus, source)
+    spec = spec_on(f"dataset:{source}", 4, checkpoint={"every_steps": 2, "mode": "sync"})
+    train(spec, run, extra=["--checkpoint-root", str(root)])
+    shutil.rmtree(source)
+    other, _ = prepared(stdlib_docstrings(300_000), tmp_path / "other", VOCAB)
+    shutil.copytree(other, source)
+    longer = {**spec, "train": {**spec["train"], "steps": 6}}
+    world, args = trainer_args(longer, run, ["--checkpoint-root", str(root)])
+    out = run_ranks(world, "worker.trainer", args)
+    assert "rank 0 exited with 2" in out.stderr, out.stderr[-2000:]
+    assert "was trained on another dataset" in out.stderr

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from dataset.format import DatasetError
+from dataset.format import DatasetError, content_id, read_manifest
 from services.hang_bounds import collective_timeout_s
 from services.spec import JobSpec, SpecError, check_world_size, load_spec
 from worker.ckpt_store import CheckpointStore, read_history
@@ -105,7 +105,7 @@ def mesh_record(spec: JobSpec) -> dict[str, int]:
 
 
 def make_checkpointer(
-    args, spec: JobSpec, trainer: Trainer, metrics: MetricsFile
+    args, spec: JobSpec, trainer: Trainer, metrics: MetricsFile, stream: DataStream
 ) -> Checkpointer | None:
     root = args.checkpoint_root or spec.checkpoint.root
     if not root:
@@ -123,7 +123,7 @@ def make_checkpointer(
         model_parts=trainer.parts,
         optimizers=trainer.optimizers,
         lr_schedulers=trainer.schedulers,
-        data=data_stream(spec),
+        data=stream,
         device=trainer.ctx.device,
         mode=spec.checkpoint.mode,
         keep=spec.checkpoint.keep,
@@ -142,6 +142,7 @@ def resume(
     say,
     metrics: MetricsFile,
     io: IoProgress,
+    stream: DataStream,
 ) -> int:
     """Steps already completed: those of the old generation's in-memory snapshots when every
     rank's state is there (and no disk checkpoint is newer), else of the newest committed
@@ -156,7 +157,7 @@ def resume(
             model_parts=trainer.parts,
             optimizers=trainer.optimizers,
             lr_schedulers=trainer.schedulers,
-            data=data_stream(spec),
+            data=stream,
             disk_step=history[0].step if history else None,
         )
         if hot is not None:
@@ -249,7 +250,11 @@ def peak_flops(spec: JobSpec, device: torch.device) -> float:
 
 
 def data_stream(spec: JobSpec) -> DataStream:
-    return DataStream(spec.data.seed, spec.train.global_batch)
+    """What a checkpoint of this job must match; a prepared dataset by its content, so a
+    resume onto another one is refused rather than trained on silently."""
+    kind, _, path = spec.data.source.partition(":")
+    source = content_id(read_manifest(path)) if kind == "dataset" else None
+    return DataStream(spec.data.seed, spec.train.global_batch, source)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -292,7 +297,8 @@ def run(args: argparse.Namespace) -> int:
             + (f", {windows:,} windows an epoch ({epochs:.2f} epochs)" if windows else ""),
             flush=True,
         )
-        ckpt = make_checkpointer(args, spec, trainer, metrics)
+        stream = data_stream(spec)
+        ckpt = make_checkpointer(args, spec, trainer, metrics, stream)
         if ckpt is not None:
             check_shared(ckpt.store.dir)  # at start, never only at the first commit
         else:  # the agent always names a root: only a standalone run gets here
@@ -341,7 +347,7 @@ def run(args: argparse.Namespace) -> int:
         if spec.sdc.enabled:
             say(f"[meshkeeper] sdc: {sdc_line(spec, checks, spot is not None)}", flush=True)
         watch = AnomalyWatch(spec.sdc.anomaly_window, spec.sdc.anomaly_z)
-        start = resume(ckpt, plan, trainer, spec, say, metrics, io)
+        start = resume(ckpt, plan, trainer, spec, say, metrics, io, stream)
         metrics.write({"event": "ready", "ready_at": time.time(), "start_step": start})
         record = run_record(args, start, rank)
         flops, peak = flops_per_token(spec.model), peak_flops(spec, device)
@@ -373,7 +379,7 @@ def run(args: argparse.Namespace) -> int:
                         trainer.parts,
                         trainer.optimizers,
                         trainer.schedulers,
-                        data_stream(spec).train_state(step),
+                        stream.train_state(step),
                         checked=checked and guard is not None,
                     )
             if spot and spot.due(step):

@@ -23,14 +23,22 @@ class DataStream:
 
     seed: int  # data.seed
     global_batch: int  # train.global_batch
+    source: str | None = None  # a prepared dataset's content id (dataset/format.py)
 
     def train_state(self, step: int) -> dict:
         """What a checkpoint taken after `step` completed steps records."""
-        return {"step": step, "consumed_samples": step * self.global_batch, "data_seed": self.seed}
+        state = {"step": step, "consumed_samples": step * self.global_batch, "data_seed": self.seed}
+        return state | ({"data_source": self.source} if self.source else {})
 
     def check_resume(self, saved: dict) -> None:
         """Raise ResumeRefused unless `saved` (a checkpoint's train state) continues this stream."""
         step, seed, consumed = saved["step"], saved["data_seed"], saved["consumed_samples"]
+        if self.source and saved.get("data_source", self.source) != self.source:
+            raise ResumeRefused(
+                f"checkpoint step {step} was trained on another dataset (content id "
+                f"{saved['data_source']}) than data.source holds now ({self.source}): resume "
+                "with the dataset it trained on, or start a new job"
+            )
         if seed != self.seed:
             raise ResumeRefused(
                 f"checkpoint step {step} was trained with data.seed={seed}; this spec has "
