@@ -64,7 +64,16 @@ def start(big, out, tokenizer_file):
         "20000",
     ]
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # A suite started in the background (`make test &`) runs with SIGINT ignored, which
+        # every child inherits, and Python then never turns Ctrl-C into KeyboardInterrupt:
+        # the run below would finish as if the signal had not come. A terminal's Ctrl-C is
+        # what this test is about.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 60
     # the second shard (a first may be an earlier dataset's): most of the input is still
