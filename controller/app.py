@@ -37,7 +37,7 @@ from controller.body_limit import BodyLimit
 from controller.chaos_gate import chaos_refusal
 from controller.conditions import PHASES, TERMINAL
 from controller.discovery import worker_targets
-from controller.jobs import JOB_ID_RE, Job
+from controller.jobs import Job
 from controller.plan_gate import PlanGate
 from controller.pool_limits import limit_problems, pending_problem
 from controller.service import Controller
@@ -46,6 +46,7 @@ from services import api
 from services.epochs import with_epochs
 from services.redis_url import without_credentials
 from services.spec import JobSpec, SpecError, parse_spec
+from services.store import JOB_ID_RE
 
 log = logging.getLogger("meshkeeper.api")
 audit_log = logging.getLogger("meshkeeper.audit")

@@ -214,6 +214,7 @@ def start_generation(
         tx.delete(k.worker_assignment(wid))
         tx.hset(k.worker_assignment(wid), {"job": job.id, "generation": gen, "role": role})
         tx.publish(k.worker_assignment(wid), job.id)
+        tx.assigned[wid] = job.id
     kept = set(asg.workers)
     for wid in old.workers if old else []:
         if wid not in kept:
@@ -273,6 +274,7 @@ def _release(ctx: Pass, tx: Tx, jid: str, wid: str) -> None:
     """Drop `wid`'s pointer if it still names `jid`, and wake its agent."""
     tx.delete_if(ctx.keys.worker_assignment(wid), "job", jid)
     tx.publish(ctx.keys.worker_assignment(wid), jid)
+    tx.released.add(wid)
 
 
 def _from_layout(record: RecoveryRecord, asg: Assignment | None) -> None:

@@ -21,7 +21,6 @@ from services.records import RecoveryRecord, StragglerFlag
 from services.spec import JobSpec
 from services.store import Store, loads
 
-JOB_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,78}[a-z0-9])?$")
 _RANKS = TypeAdapter(list[RankStatus])
 _RECOVERIES = TypeAdapter(list[RecoveryRecord])
 

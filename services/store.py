@@ -165,6 +165,11 @@ class Tx:
 
     cmds: list[list[str]] = field(default_factory=list)
     keys: dict[str, None] = field(default_factory=dict)  # insertion-ordered set
+    # Workers whose assignment pointer the commands write: their agent's Redis user is granted
+    # the job's checkpoint pointer before the commit (so the agent can commit from its first
+    # step), and every one of them is granted what its pointer names after it (a release)
+    assigned: dict[str, str] = field(default_factory=dict)
+    released: set[str] = field(default_factory=set)
 
     def _add(self, cmd: list[str], *keys: str) -> Tx:
         self.keys.update(dict.fromkeys(keys))
@@ -215,10 +220,13 @@ class Beat:
 
 # Redis ACL users (docs/security.md). The `default` user is off; `admin` is for operators and
 # tests, `controller` for the controller, and each joined worker has `agent-{wid}`, which the
-# controller creates at join. Ids and prefixes go into ACL key patterns, so they may not hold
-# glob characters (* ? [ ] \): a worker id "w*" would otherwise own every worker's keys.
+# controller creates at join and narrows to its job's pointer with each assignment. Ids and
+# prefixes go into ACL key patterns, so they may not hold glob characters (* ? [ ] \): a
+# worker id "w*" would otherwise own every worker's keys.
 WORKER_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 PREFIX_RE = re.compile(r"^[A-Za-z0-9:._-]{0,32}$")
+# A job id (controller/jobs.py `new_job_id`), also in the pointer pattern an agent is granted
+JOB_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,78}[a-z0-9])?$")
 
 
 def agent_user(wid: str) -> str:
@@ -249,22 +257,28 @@ def controller_acl(prefix: str) -> list[str]:
     ]
 
 
-def agent_acl(prefix: str, wid: str) -> list[str]:
-    """An agent's rules (Redis 7 selectors): each command only on the keys it is for. The
-    root grants the commands without keys and the scripts (EVALSHA needs every key it
-    declares in one rule); Redis checks each command a script runs against the user again, so
-    HEARTBEAT, REPORT and CHECKPOINT_CAS work through the selectors:
+def agent_acl(prefix: str, wid: str, job: str | None = None) -> list[str]:
+    """An agent's rules (Redis 7 selectors) while it is assigned to `job` (None: to none):
+    each command only on the keys it is for. The root grants the commands without keys and
+    the scripts (EVALSHA needs every key it declares in one rule); Redis checks each command a
+    script runs against the user again, so HEARTBEAT, REPORT and CHECKPOINT_CAS work through
+    the selectors:
     - its own keys (registration, progress, probe result, metrics endpoint): read and write;
     - what the controller writes for it and the job keys: read only;
     - the shared sorted sets (`workers:seen`, `workers:reported`, `workers:gone`): ZADD and
       ZREM only, so no agent can SET or DEL them and stop every reconcile pass;
     - job event streams: XADD only, so no agent can replace a stream with a string;
-    - checkpoint pointers: what the commit CAS runs."""
+    - the checkpoint pointer of `job` alone: what the commit CAS runs. A script runs as its
+      caller, so the CAS's HSET is one the agent could send by itself; the grant keeps such
+      a write to the job the agent works for (the controller moves it with each assignment,
+      `Store.grant_job`), and an agent holding no job writes no pointer at all."""
     if not WORKER_ID_RE.fullmatch(wid) or not PREFIX_RE.fullmatch(prefix):
         raise ValueError(f"worker id {wid!r} / prefix {prefix!r} not allowed in an ACL pattern")
+    if job is not None and not JOB_ID_RE.fullmatch(job):
+        raise ValueError(f"job id {job!r} not allowed in an ACL pattern")
     me = f"{prefix}worker:{wid}"
     shared = [f"{prefix}workers:seen", f"{prefix}workers:reported", f"{prefix}workers:gone"]
-    checkpoints = f"{prefix}job:*:checkpoint"
+    checkpoints = [Keys(prefix).job_checkpoint(job)] if job is not None else []
     return [
         "resetkeys",
         "resetchannels",
@@ -275,7 +289,7 @@ def agent_acl(prefix: str, wid: str) -> list[str]:
         *("+subscribe", "+unsubscribe", "+publish"),  # the channel rules below
         *("+evalsha", "+eval", "+script|load"),
         # the keys the scripts declare (HEARTBEAT, REPORT, CHECKPOINT_CAS), for EVALSHA alone
-        *(f"%RW~{k}" for k in (me, f"{me}:progress", *shared[:2], checkpoints)),
+        *(f"%RW~{k}" for k in (me, f"{me}:progress", *shared[:2], *checkpoints)),
         f"&{me}:assignment",
         f"&{prefix}controller:wake",
         selector(
@@ -290,7 +304,7 @@ def agent_acl(prefix: str, wid: str) -> list[str]:
         ),
         selector(shared, "RW", ["+zadd", "+zrem"]),
         selector([f"{prefix}job:*:events", f"{prefix}job:*:logs"], "W", ["+xadd"]),
-        selector([checkpoints], "RW", ["+hget", "+hmget", "+hset"]),
+        *([selector(checkpoints, "RW", ["+hget", "+hmget", "+hset"])] if checkpoints else []),
     ]
 
 
@@ -454,6 +468,7 @@ class Store:
         whether the user was saved to Redis's aclfile (False: Redis has none, and agent users
         last until it restarts)."""
         user = agent_user(wid)
+        job = self.r.hget(self.keys.worker_assignment(wid), "job")  # a rejoin mid-job
         self.r.execute_command(
             "ACL",
             "SETUSER",
@@ -461,7 +476,7 @@ class Store:
             "reset",
             "on",
             acl_password(password),
-            *agent_acl(self.keys.prefix, wid),
+            *agent_acl(self.keys.prefix, wid, job),
         )
         self.r.execute_command("CLIENT", "KILL", "USER", user)
         now = self.now()
@@ -471,6 +486,27 @@ class Store:
         pipe.zadd(self.keys.workers_joined(), {wid: now})
         pipe.execute()
         return self.save_acl()
+
+    def grant_jobs(self, jobs: dict[str, str | None]) -> None:
+        """Give each worker's agent user the checkpoint pointer of its job (None: no pointer;
+        `agent_acl`), then save and copy the users as a join does. Workers without an agent
+        user (never joined, or Redis lost its users) are skipped: a join grants them."""
+        wids = sorted(jobs)
+        pipe = self.r.pipeline(transaction=False)
+        for wid in wids:
+            pipe.acl_getuser(agent_user(wid))
+        for wid, user in zip(wids, pipe.execute(), strict=True):
+            if user is not None:
+                rules = agent_acl(self.keys.prefix, wid, jobs[wid])
+                self.r.execute_command("ACL", "SETUSER", agent_user(wid), *rules)
+        self.save_acl()
+
+    def _assigned_jobs(self, wids: set[str]) -> dict[str, str | None]:
+        """The job each worker's assignment pointer names now (None: none)."""
+        pipe = self.r.pipeline(transaction=False)
+        for wid in sorted(wids):
+            pipe.hget(self.keys.worker_assignment(wid), "job")
+        return dict(zip(sorted(wids), pipe.execute(), strict=True))
 
     def held_elsewhere(self, wid: str, credential: str | None, hold_s: float) -> float | None:
         """Seconds since worker `wid`'s last beat while a live agent holds it (a beat within
@@ -808,6 +844,8 @@ class Store:
         of `tx` was written."""
         if not tx.cmds:
             return
+        if tx.assigned:
+            self.grant_jobs(tx.assigned)
         try:
             self._durable(self._fenced, [self.keys.lease(), *tx.keys], [lease, json.dumps(tx.cmds)])
         except redis.ResponseError as e:
@@ -819,6 +857,8 @@ class Store:
                     f"fenced transaction refused, nothing written: {msg[len('REFUSED ') :]}"
                 ) from None
             raise
+        if tx.released:
+            self.grant_jobs(self._assigned_jobs(tx.released))
 
     def _durable(self, script: Script, keys: list[str], args: list[Any]) -> Any:
         """Run `script` and answer once it is replicated (`_replicated`)."""

@@ -522,6 +522,11 @@ class Stack:
     def job_dir(self, wid: str, job: str, generation: int = 1) -> Path:
         return self.work / "workers" / wid / "jobs" / job / f"g{generation}"
 
+    def checkpoint_dir(self, job: str, spec: dict) -> Path:
+        """Where the agents put a job's checkpoints (with shared checkpoints, the default):
+        {checkpoint root}/{job id}/{spec name}."""
+        return self.work / "checkpoints" / job / spec["name"]
+
     def logs(self) -> str:
         return "\n".join(f"--- {c.proc.name}\n{c.proc.tail(1500)}" for c in self.controllers)
 

@@ -19,7 +19,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from controller.scheduler import Scheduler, SchedulerConfig
 from services.api import JobStatus
@@ -245,11 +247,6 @@ def steps_of(recs: list[dict]) -> list[dict]:
     return [r for r in recs if "step" in r and "event" not in r]
 
 
-def checkpoint_dir(stack: Stack, jid: str, spec: dict) -> Path:
-    """Where the agents put this job's checkpoints: {checkpoint root}/{job id}/{spec name}."""
-    return stack.work / "checkpoints" / jid / spec["name"]
-
-
 def metrics_path(stack: Stack, j: JobStatus, n: int) -> Path:
     return stack.job_dir(rank(j, n).worker, j.id, j.mesh.generation) / f"metrics-{n}.jsonl"
 
@@ -342,6 +339,17 @@ def assert_curve(
         ]
         assert not bad, f"{len(bad)} steps beyond rtol 1e-5 (step, got, want): {bad[:5]}"
     return curve
+
+
+def assert_run_record(stack: Stack, j: JobStatus, spec: dict, reference: list[dict]) -> None:
+    """The job's TensorBoard run record, read by TensorBoard's own reader, holds every step's
+    loss exactly once with the uninterrupted run's value (stored as float32), whichever
+    workers rank 0 ran on (worker/trainer/run_record.py)."""
+    ea = EventAccumulator(str(stack.checkpoint_dir(j.id, spec) / "tensorboard"))
+    ea.Reload()
+    got = [(e.step, e.value) for e in ea.Scalars("train/loss")]
+    want = [(s, float(np.float32(r["loss"]))) for s, r in enumerate(reference, 1)]
+    assert got == want, f"run record (step, loss) {got[:3]}...{got[-3:]}, want {want[:3]}..."
 
 
 # -- processes ----------------------------------------------------------------------------

@@ -21,8 +21,8 @@ from tests.chaos.chaos import (
     EVERY,
     Hogs,
     assert_curve,
+    assert_run_record,
     at_step,
-    checkpoint_dir,
     completed,
     deprioritize,
     disk_only,
@@ -139,6 +139,7 @@ def test_sigkill_rendezvous_host(stack, uninterrupted):
     assert j.mesh.rendezvous != j1.mesh.rendezvous, (j1.mesh.rendezvous, j.mesh.rendezvous)
     assert j.mesh.rendezvous.rsplit(":", 1)[1] != j1.mesh.rendezvous.rsplit(":", 1)[1]
     assert_curve(stack, j, want, exact=True)
+    assert_run_record(stack, j, spec, want)  # rank 0's curves stay whole across its move
 
 
 # -- 4 --------------------------------------------------------------------------------------
@@ -325,7 +326,7 @@ def test_sigkill_during_checkpoint_save(stack, uninterrupted):
     wait_record(path, at_step(save), 120, f"rank 1 at step {save}")
     kill(victim.pid, signal.SIGSTOP)  # what it has written now is all it will ever write
     time.sleep(0.5)  # time for the other ranks to finish the save, were it not waiting on rank 1
-    shards = checkpoint_dir(stack, j1.id, spec) / "g000001" / f"step-{save:08d}"
+    shards = stack.checkpoint_dir(j1.id, spec) / "g000001" / f"step-{save:08d}"
     assert not (shards / ".metadata").exists(), (
         f"precondition: the save of step {save} had completed when rank 1 was frozen"
     )

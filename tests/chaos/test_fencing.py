@@ -16,7 +16,6 @@ import pytest
 from tests.chaos.chaos import (
     assert_curve,
     at_step,
-    checkpoint_dir,
     disk_only,
     events,
     gone,
@@ -75,7 +74,7 @@ def test_partitioned_world_commits_and_deletes_nothing(stack, uninterrupted):
         time.sleep(0.5)  # a request the proxy forwarded just before the cut has landed by now
         at_cut = stack.store.checkpoint_history(j1.id)  # read directly: the pointer the cut froze
         cut_step = at_cut[0]["step"]
-        gen1 = checkpoint_dir(stack, j1.id, spec) / "g000001"
+        gen1 = stack.checkpoint_dir(j1.id, spec) / "g000001"
         j2 = w.until(
             lambda j: j.generation == 2 and all(r.state == "running" for r in j.mesh.ranks),
             120,
@@ -116,7 +115,7 @@ def test_partitioned_world_commits_and_deletes_nothing(stack, uninterrupted):
     assert {h["step"] for h in at_cut} <= set(committed_on_disk(gen1))
     for h in history:  # and everything the pointer names still verifies
         CheckpointStore(
-            checkpoint_dir(stack, j.id, spec).parent,
+            stack.checkpoint_dir(j.id, spec).parent,
             spec["name"],
             generation=h["generation"],
             writer=j.id,
@@ -152,7 +151,7 @@ def test_forged_and_foreign_checkpoints_are_never_restored(stack, uninterrupted,
     j = w.until(
         lambda j: j.last_checkpoint and j.last_checkpoint.step >= 5, 60, "checkpoint 5 committed"
     )
-    ck = checkpoint_dir(stack, j1.id, spec)
+    ck = stack.checkpoint_dir(j1.id, spec)
     forged = [ck / "g000001" / "step-00000099", ck / "g000009" / "step-00000020"]
     for d in forged:
         shutil.copytree(foreign, d)

@@ -42,8 +42,7 @@ def test_a_jobs_eval_loss_reaches_status_history_metrics_and_its_run_record(obs,
     assert {p.eval_step for p in points if p.eval_step is not None} <= set(range(2, STEPS + 1, 2))
     assert points[-1].eval_step == STEPS and points[-1].eval_loss == done.eval_loss
 
-    worker = next(r.worker for r in done.mesh.ranks if r.rank == 0)
-    ea = EventAccumulator(str(obs.job_dir(worker, job).parent / "tensorboard"))
+    ea = EventAccumulator(str(obs.checkpoint_dir(job, spec) / "tensorboard"))
     ea.Reload()
     assert [e.step for e in ea.Scalars("train/loss")] == list(range(1, STEPS + 1))
     evals = ea.Scalars("eval/loss")

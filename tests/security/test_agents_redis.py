@@ -133,6 +133,7 @@ def test_a_join_registers_the_worker_and_gives_it_its_own_redis_user(api, admin)
         assert me.worker_assignment("wa") == {}
         admin.r.hset(admin.keys.job("j"), "generation", 1)  # as the controller assigns it
         admin.r.hset(admin.keys.worker_assignment("wa"), mapping={"job": "j", "generation": 1})
+        admin.grant_jobs({"wa": "j"})  # and grants j's pointer with it
         assert me.heartbeat("wa", "j", 1).job == "j"
         assert me.commit_checkpoint("j", 1, 10, "/ck/g1/step-10", wid="wa") == []
         assert me.checkpoint_history("j")[0]["step"] == 10
@@ -158,6 +159,9 @@ def test_a_join_registers_the_worker_and_gives_it_its_own_redis_user(api, admin)
             lambda: me.commit_checkpoint(
                 "j", 1, 10, "/ck", wid="wb"
             ),  # reads another worker's pointer
+            lambda: me.r.hset(
+                admin.keys.job_checkpoint("k"), "generation", "999999"
+            ),  # not its job
             # shared keys whose wrong type would stop every reconcile pass: only ZADD/XADD
             lambda: me.r.set(admin.keys.workers_seen(), "x"),
             lambda: me.r.delete(admin.keys.workers_seen()),

@@ -368,9 +368,10 @@ class Agent:
                 job,
                 "--restore-from",
                 str(restore_path),
-                # per job, not per generation: a recovered rank 0 appends to its curves
+                # beside the checkpoints, which every rank's host shares: a recovered rank 0
+                # appends to the job's curves wherever it now runs
                 "--run-record",
-                str(d.parent / "tensorboard"),
+                str(run.checkpoints / "tensorboard"),
             ] + (["--snapshot-plan", str(snapshots)] if snapshots else [])
             metrics, log_path = d / f"metrics-{e.rank}.jsonl", d / f"rank{e.rank}.log"
             watch = memory[e.rank]
@@ -561,9 +562,16 @@ class Agent:
                 if not self._may_commit(job, generation):
                     # held, progress too (it must not overtake the commit), until a beat confirms
                     return
-                dropped = self.store.commit_checkpoint(
-                    job, generation, body.step, body.path, body.keep, wid=self.cfg.wid
-                )
+                try:
+                    dropped = self.store.commit_checkpoint(
+                        job, generation, body.step, body.path, body.keep, wid=self.cfg.wid
+                    )
+                except redis.exceptions.NoPermissionError:
+                    # the controller granted the pointer before the assignment and took it
+                    # back with it: this worker no longer works for the job, and the CAS would
+                    # refuse the commit as well
+                    log.warning("job %s: commit of step %d refused: not assigned", job, body.step)
+                    dropped = None
                 if (
                     dropped
                     and self.run is not None

@@ -1,8 +1,8 @@
 """The agent's per-generation run directories (`{run_dir}/jobs/{job}/g{generation}`: the
 spec, the restore list, each rank's log and step records) are kept for the newest few only,
 so an agent that runs for months does not fill its disk (docs/control-plane.md, "Retention").
-A job's run record (`{run_dir}/jobs/{job}/tensorboard`, worker/trainer/run_record.py) goes
-with its last generation directory. Checkpoints live elsewhere and are never touched here."""
+Checkpoints and the run record beside them (worker/trainer/run_record.py) live elsewhere and
+are never touched here."""
 
 from __future__ import annotations
 

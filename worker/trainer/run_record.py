@@ -1,6 +1,7 @@
 """A job's run record: TensorBoard event files of its training curves, written by global rank
-0 (the caller decides) to one directory per job across generations
-(`{run_dir}/jobs/{job}/tensorboard`, the agent's `--run-record`; docs/observability.md,
+0 (the caller decides) to one directory per job across generations (the agent passes
+`<checkpoint root>/<job>/<spec name>/tensorboard`, on the storage every rank's host shares, so
+the record stays whole when a recovery moves rank 0 to another host; docs/observability.md,
 "Run record").
 
 A recovered generation appends to the same directory: it opens its writer with
