@@ -214,7 +214,8 @@ def start_generation(
         tx.delete(k.worker_assignment(wid))
         tx.hset(k.worker_assignment(wid), {"job": job.id, "generation": gen, "role": role})
         tx.publish(k.worker_assignment(wid), job.id)
-        tx.assigned[wid] = job.id
+        if old is None or wid not in old.workers:  # the others hold the grant already
+            tx.assigned[wid] = job.id
     kept = set(asg.workers)
     for wid in old.workers if old else []:
         if wid not in kept:
