@@ -48,9 +48,7 @@ def test_an_agent_holding_no_job_cannot_move_a_running_jobs_pointer(pool):
     running = wait_phase(pool.client, job, ("Running",), 120)
     workers = {r.worker for r in running.mesh.ranks}
     (idle,) = {"p0", "p1", "p2"} - workers
-    assert all(
-        pointer_grants(admin, w) == [f"~{admin.keys.job_checkpoint(job)}"] for w in workers
-    )
+    assert all(pointer_grants(admin, w) == [f"~{admin.keys.job_checkpoint(job)}"] for w in workers)
     assert pointer_grants(admin, idle) == []
 
     attacker = as_agent(pool, idle)
