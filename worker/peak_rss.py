@@ -1,5 +1,6 @@
-"""A process's own peak resident set, read by the agent for each trainer and by the trainer
-for its own step records (docs/architecture.md, "Records")."""
+"""A process's own resident pages, at their peak and now, read by the agent for each trainer
+(its memory watch, its /metrics) and by the trainer for its own step records
+(docs/architecture.md, "Records")."""
 
 from __future__ import annotations
 
@@ -39,3 +40,14 @@ def high_water_mark(pid: int | str = "self") -> int | None:
     if status is None or shared is None:
         return None
     return max(0, status["VmHWM"] - shared["Shared_Clean"] - shared["Shared_Dirty"])
+
+
+def own_resident(pid: int | str = "self") -> int | None:
+    """Bytes: the process's own resident pages now (Rss less Shared_Clean and Shared_Dirty in
+    smaps_rollup: its private pages, psutil's "uss"), what `high_water_mark` peaks at; None
+    where /proc cannot say (the process exited). Its RSS would count the zygote's pages in
+    every rank forked from it."""
+    got = _kib_fields(f"/proc/{pid}/smaps_rollup", ("Rss", "Shared_Clean", "Shared_Dirty"))
+    if got is None:
+        return None
+    return max(0, got["Rss"] - got["Shared_Clean"] - got["Shared_Dirty"])

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import redis
 from prometheus_client import (
     CollectorRegistry,
@@ -40,6 +39,7 @@ from services.store import Store
 from worker import mfu
 from worker.agent.metrics_tail import CheckpointCommitted, CheckpointFailed, Restored, TrainerLine
 from worker.agent.retry import Outage
+from worker.peak_rss import own_resident
 
 log = logging.getLogger("meshkeeper.agent")
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -297,7 +297,8 @@ class _AgentCollector:
         }
         rss = GaugeMetricFamily(
             "meshkeeper_rank_resident_memory_bytes",
-            "Resident memory of each rank's trainer process",
+            "Resident memory of each rank's trainer process: its own pages, not those it "
+            "shares with the zygote it was forked from or with other processes",
             labels=labels,
         )
         util = GaugeMetricFamily(
@@ -312,7 +313,7 @@ class _AgentCollector:
             for key, g in gauges.items():
                 if p.last is not None and (v := _seconds(getattr(p.last, key))) is not None:
                     g.add_metric(lv, v)
-            if (mem := _rss(p.pid)) is not None:
+            if (mem := own_resident(p.pid)) is not None:
                 rss.add_metric(lv, mem)
             seen.add(p.spec)
             model = self._model(p.spec)
@@ -345,8 +346,3 @@ class _AgentCollector:
         return self._specs[spec_path]
 
 
-def _rss(pid: int) -> int | None:
-    try:
-        return psutil.Process(pid).memory_info().rss
-    except psutil.Error:  # exited since the snapshot
-        return None
