@@ -30,9 +30,11 @@ def test_running_job_scrapes_pass_promtool_and_drop_the_job_when_it_ends(obs, pr
 
     def rank_gauges():
         text = obs.scrape(worker)
-        return (
-            text if all(samples(text, n, job_id=job, rank="0") for n in AGENT_RANK_GAUGES) else None
-        )
+        step = samples(text, "meshkeeper_train_step_duration_seconds_count", job_id=job)
+        gauges = all(samples(text, n, job_id=job, rank="0") for n in AGENT_RANK_GAUGES)
+        # the gauges read the rank's last step as the scrape runs, the histogram when the
+        # agent's loop has passed it on: one scrape may see the first without the second
+        return text if gauges and step else None
 
     agent = wait_until(rank_gauges, 90, f"rank 0's gauges on {worker}")
 
@@ -50,7 +52,9 @@ def test_running_job_scrapes_pass_promtool_and_drop_the_job_when_it_ends(obs, pr
     # memory: the trainer's own pages, as psutil counts them (its "uss"), not its RSS, which
     # holds the zygote's torch in every rank forked from it
     # holds the zygote's torch in every rank forked from it; read around a fresh scrape
-    trainer = psutil.Process(next(r.pid for r in status.mesh.ranks if r.rank == 0))
+    pid = next(r.pid for r in obs.client.job(job).mesh.ranks if r.rank == 0)
+    assert pid, "rank 0 runs, its pid must be in the status"  # psutil.Process(None) is us
+    trainer = psutil.Process(pid)
     before = trainer.memory_full_info()
     own = value(obs.scrape(worker), "meshkeeper_rank_resident_memory_bytes", job_id=job, rank="0")
     after = trainer.memory_full_info()

@@ -344,5 +344,3 @@ class _AgentCollector:
                 log.warning("no MFU for %s: %s", spec_path, e)
                 self._specs[spec_path] = None
         return self._specs[spec_path]
-
-
