@@ -2,7 +2,7 @@
 
 meshkeeper up --workers 8                  # local stack: redis-server, controller, agents
 meshkeeper submit examples/tiny-3d.yaml --watch
-meshkeeper status [JOB] | watch JOB | cancel JOB | workers | ready
+meshkeeper status [JOB] | watch JOB | cancel JOB | suspend JOB | resume JOB | workers | ready
 meshkeeper demo                            # up + a 3D job, a rank killed, the recovery
 meshkeeper plan SPEC --workers 32 --devices-per-worker 8 --device a100-80gb [--json]
 meshkeeper data prepare INPUT... --tokenizer T --out DIR   # text to token shards; data verify DIR
@@ -63,6 +63,18 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_watch(args: argparse.Namespace) -> int:
     with _client(args) as c:
         return watch(c, args.job, args.interval)
+
+
+def cmd_suspend(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        r = c.suspend(args.job) if args.suspend else c.resume(args.job)
+        done = (
+            "suspend requested: it commits a step and frees its workers"
+            if r.suspend_requested
+            else "resume requested: it queues and restores its commit"
+        )
+        print(f"{done} ({r.id}, was {r.phase})")
+    return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -234,6 +246,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--wait", type=float, default=0, help="wait up to this many seconds for it to stop"
     )
     p.set_defaults(fn=cmd_cancel)
+    p = sub.add_parser("suspend", help="stop a job at a committed step and free its workers")
+    p.add_argument("job")
+    p.set_defaults(fn=cmd_suspend, suspend=True)
+    p = sub.add_parser("resume", help="queue a suspended job again; it restores its commit")
+    p.add_argument("job")
+    p.set_defaults(fn=cmd_suspend, suspend=False)
     p = sub.add_parser("workers", help="the worker pool")
     p.set_defaults(fn=cmd_workers)
     plan.add_parser(sub)

@@ -344,6 +344,45 @@ def create_app(ctl: Controller, auth: Auth, hosts: list[str] = ("*",)) -> FastAP
         ctl.store.request_cancel(job_id)
         return {"id": job_id, "phase": job.phase, "cancel_requested": True}
 
+    @app.post(
+        "/v1/jobs/{job_id}/suspend",
+        status_code=202,
+        tags=["jobs"],
+        response_model=api.SuspendAccepted,
+        responses=denied,
+    )
+    def suspend_job(job_id: JobId, who: Principal = submitter) -> dict:
+        """Request a suspend: the ranks stop after a step chosen a little ahead, commit it and
+        exit, and the job frees its workers (phase Suspended) until resumed; a pending job is
+        suspended at once. Who may cancel a job may suspend it."""
+        job = load_job(job_id)
+        may_cancel(who, job_id, job.owner)
+        if job.phase in TERMINAL:
+            raise ApiError(
+                409,
+                f"job {job_id} is already {job.phase}; only a pending or running job can be "
+                "suspended",
+            )
+        ctl.store.request_suspend(job_id, True)
+        return {"id": job_id, "phase": job.phase, "suspend_requested": True}
+
+    @app.post(
+        "/v1/jobs/{job_id}/resume",
+        status_code=202,
+        tags=["jobs"],
+        response_model=api.SuspendAccepted,
+        responses=denied,
+    )
+    def resume_job(job_id: JobId, who: Principal = submitter) -> dict:
+        """Withdraw a suspend: a suspended job queues again and resumes from the step it
+        committed; one still stopping finishes suspending first, then queues."""
+        job = load_job(job_id)
+        may_cancel(who, job_id, job.owner)
+        if not job.suspend_requested:
+            raise ApiError(409, f"job {job_id} is {job.phase}, not suspended; nothing to resume")
+        ctl.store.request_suspend(job_id, False)
+        return {"id": job_id, "phase": job.phase, "suspend_requested": False}
+
     @app.get(
         "/v1/jobs/{job_id}/events",
         tags=["jobs"],

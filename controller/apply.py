@@ -361,22 +361,39 @@ def finish(
     """Terminal state, the final rank view kept on the job, and every worker released;
     written with whatever `tx` holds already."""
     job, tx = view.job, tx if tx is not None else Tx()
+    job.finished_at = ctx.now
+    if blame is not None:
+        quarantine.write(tx, ctx, job.id, job.generation, blame)
+    tx.zrem(ctx.keys.jobs_open(), job.id)
+    tx.zadd(ctx.keys.jobs_finished(), job.id, ctx.now)  # controller/retention.py's clock
+    kind = "Normal" if outcome == "Succeeded" else "Warning"
+    _stop(ctx, view, outcome, reason, message, kind, tx)
+
+
+def suspended(ctx: Pass, view: JobView, message: str) -> None:
+    """The job holds no workers until resumed (controller/suspending.py): the final rank view
+    kept and every worker released, as at the end, but it stays in the open queue."""
+    view.job.drain = {}
+    _stop(ctx, view, "Suspended", "Suspended", message, "Normal", Tx())
+
+
+def _stop(
+    ctx: Pass, view: JobView, outcome: str, reason: str, message: str, kind: str, tx: Tx
+) -> None:
+    """Condition `outcome` set and Running unset, the ranks' last progress and final view
+    kept on the job, every worker released and an event; written with whatever `tx` holds."""
+    job = view.job
     _absorb(ctx, job, view.ranks, tx)
     # ranks still going are being stopped by this very transaction
     job.final_ranks = [
         r if r.state in FINAL_RANK_STATES else r.model_copy(update={"state": "stopped"})
         for r in view.ranks
     ]
-    job.finished_at = ctx.now
     job.set("Running", False, reason, message, ctx.now)
     job.set(outcome, True, reason, message, ctx.now)
-    if blame is not None:
-        quarantine.write(tx, ctx, job.id, job.generation, blame)
-    tx.hset(ctx.keys.job(job.id), job.fields()).zrem(ctx.keys.jobs_open(), job.id)
-    tx.zadd(ctx.keys.jobs_finished(), job.id, ctx.now)  # controller/retention.py's clock
+    tx.hset(ctx.keys.job(job.id), job.fields())
     for wid in view.asg.workers if view.asg else []:
         _release(ctx, tx, job.id, wid)
-    kind = "Normal" if outcome == "Succeeded" else "Warning"
     tx.event(ctx.keys.job_events(job.id), ctx.event(kind, reason, message, job.generation))
     ctx.commit(tx)
     log.info("job %s: %s (%s) %s", job.id, outcome, reason, message)

@@ -143,12 +143,13 @@ class Auth:
 
 
 def may_cancel(who: Principal, job_id: str, owner: str | None) -> None:
-    """Admins cancel any job; a submitter only the jobs its token submitted."""
+    """Admins cancel (or suspend, or resume) any job; a submitter only the jobs its token
+    submitted."""
     if not who.admin and owner != who.name:
         raise Denied(
             403,
             f"job {job_id} belongs to {owner or 'nobody recorded'}; token "
-            f"{who.name!r} (role {who.role}) may cancel only its own jobs",
+            f"{who.name!r} (role {who.role}) may cancel, suspend or resume only its own jobs",
         )
 
 

@@ -6,9 +6,9 @@ the time moves only when the status flips, as in Kubernetes.
 
 from __future__ import annotations
 
-TYPES = ("Admitted", "Running", "Recovering", "Succeeded", "Failed", "Cancelled")
+TYPES = ("Admitted", "Running", "Recovering", "Suspended", "Succeeded", "Failed", "Cancelled")
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
-PHASES = ("Pending", "Running", "Recovering", *TERMINAL)
+PHASES = ("Pending", "Running", "Recovering", "Suspended", *TERMINAL)
 
 
 def set_condition(
@@ -54,6 +54,8 @@ def phase_of(conds: list[dict]) -> str:
     if failed:
         # a job cancelled before `Cancelled` was a condition of its own, as Redis still holds it
         return "Cancelled" if failed["reason"] == "Cancelled" else "Failed"
+    if true("Suspended"):  # holds no workers until resumed (controller/suspending.py)
+        return "Suspended"
     if true("Recovering"):
         return "Recovering"
     if true("Running"):

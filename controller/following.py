@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controller import apply, faults
+from controller import apply, faults, suspending
 from controller.availability import RedisAvailability
 from controller.jobs import Job
 from controller.passes import JobView, Pass
@@ -43,6 +43,8 @@ def follow(ctx: Pass, job: Job, availability: RedisAvailability) -> None:
             f"{len(view.ranks)} ranks finished {job.total_steps} steps",
             tx=tx,
         )
+        return
+    if suspending.drain(ctx, view):
         return
     decision = faults.decide(ctx, view, judge)
     if decision is not None and apply.enact(ctx, view, decision):

@@ -39,6 +39,9 @@ class Job:
     restarts: int = 0
     conditions: list[dict] = field(default_factory=list)
     cancel_requested: bool = False
+    suspend_requested: bool = False  # written by the API; the pass suspends or resumes
+    # the step the current generation's ranks were told to stop after, and when (suspend)
+    drain: dict = field(default_factory=dict)  # {generation, step, at}
     submitted_at: float | None = None
     started_at: float | None = None
     finished_at: float | None = None
@@ -145,6 +148,7 @@ class Job:
             "final_ranks": _json(self.final_ranks),
             "recoveries": _json(self.recoveries),
             "current": self.current,
+            "drain": self.drain,
             "straggler": self.straggler.model_dump(mode="json") if self.straggler else None,
         }
 
@@ -175,6 +179,8 @@ class Job:
             restarts=num("restarts", int) or 0,
             conditions=loads(h.get("conditions"), []),
             cancel_requested=h.get("cancel_requested") == "1",
+            suspend_requested=h.get("suspend_requested") == "1",
+            drain=loads(h.get("drain"), {}),
             submitted_at=num("submitted_at"),
             started_at=num("started_at"),
             finished_at=num("finished_at"),

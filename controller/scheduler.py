@@ -13,7 +13,7 @@ import logging
 
 import redis
 
-from controller import apply, placing, waiting
+from controller import apply, placing, suspending, waiting
 from controller.availability import RedisAvailability
 from controller.following import follow
 from controller.jobs import Job
@@ -92,6 +92,11 @@ class Scheduler:
             ctx.commit(Tx().zrem(self.store.keys.jobs_open(), jid))
         elif job.cancel_requested:
             cancel(ctx, job)
+        elif job.phase == "Suspended":
+            if not job.suspend_requested:
+                suspending.resume(ctx, job)
+        elif job.suspend_requested and job.phase == "Pending":
+            suspending.suspend_waiting(ctx, job)
         elif job.phase == "Pending" or job.awaiting_capacity:
             if waiting.over_quota(ctx, job, running):
                 return reserved_by

@@ -41,8 +41,8 @@ def job_status(store: Store, job: Job, alive_within_s: float) -> api.JobStatus:
     """Summary + conditions, live progress, the last checkpoint and every rank of the mesh."""
     asg = assignment.current(store, job.id, job.generation) if job.generation else None
     ranks: list[api.RankStatus] = []
-    if job.phase in TERMINAL:
-        ranks = job.final_ranks  # as the controller saw them at the end
+    if job.phase in (*TERMINAL, "Suspended"):
+        ranks = job.final_ranks  # as the controller saw them at the end (or the suspend)
     elif asg is not None:
         alive = store.alive_among(asg.workers, alive_within_s)
         ranks = rank_view(asg, store.progress(asg.workers), alive)

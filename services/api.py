@@ -150,6 +150,12 @@ class CancelAccepted(Doc):
     cancel_requested: bool
 
 
+class SuspendAccepted(Doc):
+    id: str
+    phase: str
+    suspend_requested: bool
+
+
 class Event(Doc):
     id: str
     time: float

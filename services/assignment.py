@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from services.mesh import Coord, MeshShape
 from services.store import Store, loads
 
-# agent-reported: starting -> running -> succeeded | failed | stopped
+# agent-reported: starting -> running -> succeeded | suspended | failed | stopped (suspended:
+# stopped and committed on request, services/records.py EXIT_SUSPENDED)
 # controller-derived: assigned (no report yet in this generation), lost (worker silent),
 # straggler (flagged, not replaced: straggler.action report or no spare)
 RANK_STATES = (
@@ -24,11 +25,12 @@ RANK_STATES = (
     "running",
     "straggler",
     "succeeded",
+    "suspended",
     "failed",
     "stopped",
     "lost",
 )
-FINAL_RANK_STATES = ("succeeded", "failed", "stopped")
+FINAL_RANK_STATES = ("succeeded", "suspended", "failed", "stopped")
 # A trainer process in one of these kernel states cannot make progress on its own; when a
 # whole job hangs, it is the rank the others wait for (agents report `proc_state`).
 FROZEN_PROC_STATES = {"T": "stopped", "t": "stopped by a tracer", "D": "in uninterruptible I/O"}

@@ -97,6 +97,12 @@ class Client:
     def cancel(self, job_id: str) -> api.CancelAccepted:
         return self._call("DELETE", f"/v1/jobs/{job_id}", api.CancelAccepted)
 
+    def suspend(self, job_id: str) -> api.SuspendAccepted:
+        return self._call("POST", f"/v1/jobs/{job_id}/suspend", api.SuspendAccepted)
+
+    def resume(self, job_id: str) -> api.SuspendAccepted:
+        return self._call("POST", f"/v1/jobs/{job_id}/resume", api.SuspendAccepted)
+
     def events(self, job_id: str, after: str = "-", limit: int = 100) -> list[api.Event]:
         return self._call(
             "GET",

@@ -20,6 +20,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+# A trainer's exit status after it stopped on request at a step boundary and committed that
+# step (suspend; worker/trainer/drain.py): the job resumes from it, so it is not a failure.
+EXIT_SUSPENDED = 6
+
 
 class Record(BaseModel):
     # extra="ignore": a newer writer may add fields; an older reader must still parse it.
@@ -76,7 +80,7 @@ class RankReport(Record):
     """What an agent publishes for one rank it runs (the `ranks` field of
     `worker:{wid}:progress`, a JSON object keyed by rank). Times are Redis server time."""
 
-    state: str = "assigned"  # assigned | starting | running | succeeded | failed | stopped | lost
+    state: str = "assigned"  # services/assignment.py RANK_STATES
     step: int = 0  # steps completed
     loss: float | None = None
     tokens_per_s: float | None = None

@@ -167,6 +167,17 @@ class CheckpointSpec(Strict):
     root: PathText | None = Field(default=None, min_length=1, max_length=4096)
 
 
+class PreemptionSpec(Strict):
+    grace_s: float = Field(
+        default=120.0,
+        ge=1,
+        le=86400,
+        description="How long a job being suspended may take to stop at a step boundary and "
+        "commit that step. Past it the controller stops its trainers, and the job resumes "
+        "from its previous commit instead.",
+    )
+
+
 # An agent's beat blocks at most 1 s (0.5 s connect + 0.5 s reply, worker/agent/heartbeat.py)
 # and the next starts within heartbeat_s: silence under 1.5 s proves nothing.
 MIN_DEAD_AFTER_S = 1.5
@@ -406,6 +417,10 @@ class JobSpec(Strict):
     fault_tolerance: FaultToleranceSpec = FaultToleranceSpec()
     snapshot: SnapshotSpec = SnapshotSpec()
     sdc: SdcSpec = SdcSpec()
+    preemption: PreemptionSpec = Field(
+        default=PreemptionSpec(),
+        description="Stopping the job to free its workers (suspend): the commit it is given",
+    )
     chaos: ChaosSpec | None = Field(
         default=None,
         description="Fault injection (tests and demonstrations only): refused unless the "

@@ -738,6 +738,10 @@ class Store:
         """A desired-state flag; the lease holder enacts it."""
         self.r.hset(self.keys.job(jid), "cancel_requested", "1")
 
+    def request_suspend(self, jid: str, suspend: bool) -> None:
+        """A desired-state flag (True: suspend, False: resume); the lease holder enacts it."""
+        self.r.hset(self.keys.job(jid), "suspend_requested", "1" if suspend else "0")
+
     def job(self, jid: str) -> dict[str, str]:
         return self.r.hgetall(self.keys.job(jid))
 

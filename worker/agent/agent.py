@@ -35,7 +35,7 @@ from services.dataset_admission import check_dataset
 from services.paths import SNAPSHOT_ROOT as DEFAULT_SNAPSHOT_ROOT
 from services.paths import confine_spec
 from services.procs import stop_all
-from services.records import RankReport
+from services.records import EXIT_SUSPENDED, RankReport
 from services.spec import SpecError, parse_spec
 from services.store import Store, loads
 from worker.agent.heartbeat import Heartbeat
@@ -95,6 +95,7 @@ class Run:
     checkpoints: Path | None = (
         None  # the job's checkpoint directory (only what CAS drops is deleted)
     )
+    drain: Path | None = None  # where a suspend's stop step goes (worker/trainer/drain.py)
 
     @property
     def active(self) -> bool:
@@ -106,7 +107,7 @@ class Run:
 
     def state(self) -> str:
         states = {r.progress.state for r in self.ranks.values()}
-        for s in ("failed", "starting", "running", "stopped"):
+        for s in ("failed", "starting", "running", "stopped", "suspended"):
             if s in states:
                 return s
         return "succeeded" if states else self.role
@@ -286,11 +287,23 @@ class Agent:
             self._end_run(f"assignment {why}")
         if want and self.run is None:
             self._begin_run(*want, pointer.get("role", "rank"))
+        if self.run and pointer.get("drain_step"):
+            self._drain(self.run, int(pointer["drain_step"]))
         self._set_state("busy" if self.run else "idle")
         # snapshots of jobs this worker no longer serves free their memory
         for d in self.cfg.snapshots.iterdir() if self.cfg.snapshots.is_dir() else []:
             if not (self.run and d.name == self.run.job):
                 remove_tree(d)
+
+    def _drain(self, run: Run, step: int) -> None:
+        """Tell the run's trainers to commit `step` and exit (the job is being suspended):
+        the file appears whole, once."""
+        if run.drain is None or run.drain.exists():
+            return
+        staged = run.drain.with_suffix(".staged")
+        staged.write_text(str(step))
+        staged.replace(run.drain)
+        log.info("job %s generation %d: stopping after step %d", run.job, run.generation, step)
 
     def _begin_run(self, job: str, generation: int, role: str) -> None:
         if role == "spare":
@@ -335,6 +348,7 @@ class Agent:
             lease_s=spec["fault_tolerance"]["dead_after_s"] / 2,
             heartbeat_s=spec["fault_tolerance"].get("heartbeat_s"),
             checkpoints=ckpt_root / spec["name"],
+            drain=d / "drain",
         )
         snapshots = self._snapshot_plan(job, generation, asg, spec, d)
         mine = asg.ranks_of(self.cfg.wid)
@@ -372,6 +386,8 @@ class Agent:
                 # appends to the job's curves wherever it now runs
                 "--run-record",
                 str(run.checkpoints / "tensorboard"),
+                "--drain-file",
+                str(run.drain),
             ] + (["--snapshot-plan", str(snapshots)] if snapshots else [])
             metrics, log_path = d / f"metrics-{e.rank}.jsonl", d / f"rank{e.rank}.log"
             watch = memory[e.rank]
@@ -546,12 +562,14 @@ class Agent:
                 if isinstance(line, CheckpointCommitted) and p.rank == 0:  # every rank reports it
                     self._outbox.append((run.job, run.generation, line))
             if code is not None:
-                p.ended(code, "succeeded" if code == 0 else "failed", self._now())
+                state = {0: "succeeded", EXIT_SUSPENDED: "suspended"}.get(code, "failed")
+                p.ended(code, state, self._now())
                 self._dirty = self._exited = True
                 self._event(
                     "TrainerExited",
-                    f"rank {p.rank} on worker {self.cfg.wid} exited with code {code}",
-                    warning=code != 0,
+                    f"rank {p.rank} on worker {self.cfg.wid} exited with code {code}"
+                    + (" (suspended: its step is committed)" if state == "suspended" else ""),
+                    warning=state == "failed",
                 )
 
     def _publish(self) -> None:

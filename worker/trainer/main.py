@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from dataset.format import DatasetError, content_id, read_manifest
 from services.hang_bounds import collective_timeout_s
+from services.records import EXIT_SUSPENDED
 from services.spec import JobSpec, SpecError, check_world_size, load_spec
 from worker.ckpt_store import CheckpointStore, read_history
 from worker.hf.weights import WeightsError
@@ -38,6 +39,7 @@ from worker.trainer.anomaly import AnomalyWatch
 from worker.trainer.chaos import BitFlips, DeviceOoms, StepFloor
 from worker.trainer.checkpoint import Checkpointer, restored_line
 from worker.trainer.distributed import hold_timeouts, init_distributed, shutdown_distributed
+from worker.trainer.drain import Drain
 from worker.trainer.io_progress import IoProgress
 from worker.trainer.memory import return_freed_memory
 from worker.trainer.metrics_file import MetricsFile
@@ -92,6 +94,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--run-record",
         help="directory of the job's TensorBoard run record, shared by its generations "
         "(worker/trainer/run_record.py; the agent passes it); rank 0 writes it",
+    )
+    ap.add_argument(
+        "--drain-file",
+        help="file the agent writes a step number to when the job is suspended: the trainer "
+        f"commits that step and exits {EXIT_SUSPENDED} (worker/trainer/drain.py)",
     )
     ap.add_argument("--quiet", action="store_true", help="no per-step lines")
     return ap.parse_args(argv)
@@ -353,6 +360,7 @@ def run(args: argparse.Namespace) -> int:
         flops, peak = flops_per_token(spec.model), peak_flops(spec, device)
         results: list[StepResult] = []
         every, steps = spec.checkpoint.every_steps, spec.train.steps
+        drain, stopped = Drain(args.drain_file), None
 
         def before_update(step: int) -> None:
             if ckpt:  # nothing still copying may see the parameters change
@@ -418,7 +426,9 @@ def run(args: argparse.Namespace) -> int:
                         "steps' median",
                         flush=True,
                     )
-                save = ckpt is not None and (r.step % every == 0 or r.step == steps)
+                if r.step < steps and drain.due(r.step):
+                    stopped = r.step
+                save = ckpt is not None and (r.step % every == 0 or r.step == steps or stopped)
                 # a checkpoint is only ever written of checked state
                 # a check due (at most one kind runs: replicas or spot checks) snapshots first
                 check = guard or spot
@@ -438,16 +448,24 @@ def run(args: argparse.Namespace) -> int:
                             ckpt.save(r.step)
                 if pace:
                     pace.wait()
+                if stopped:
+                    break
         except SilentCorruption as e:
             return corrupted(e, ckpt, snaps, metrics)
         finally:
             if record:
                 record.close()
         if ckpt:
-            with io.phase("save", steps):  # the last save's upload and commit
+            with io.phase("save", stopped or steps):  # the last save's upload and commit
                 ckpt.close()
         if snaps:
             snaps.close()
+        if stopped:
+            metrics.write({"event": "suspended", "step": stopped})
+            metrics.close()
+            kept = "committed, the job resumes from it" if ckpt else "no checkpoint root: lost"
+            say(f"[meshkeeper] suspended after step {stopped}: {kept}", flush=True)
+            return EXIT_SUSPENDED
         if not results:
             say(f"[meshkeeper] nothing to do: the checkpoint is at the last step ({steps})")
             return 0
