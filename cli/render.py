@@ -21,6 +21,7 @@ from services import api
 PHASE_STYLE = {
     "Pending": "yellow",
     "Running": "cyan",
+    "Suspended": "blue",
     "Succeeded": "green",
     "Failed": "bold red",
     "Cancelled": "magenta",

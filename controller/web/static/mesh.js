@@ -82,7 +82,7 @@ function displayState(rank, job) {
   if (job.phase === "Recovering") return "recovering";
   if (s === "running") return "healthy";
   if (s === "succeeded") return "done";
-  if (s === "stopped") return "stopped";
+  if (s === "stopped" || s === "suspended") return "stopped"; // suspended: committed, off
   return job.generation > 1 ? "recovering" : "starting"; // assigned / starting
 }
 
@@ -391,7 +391,7 @@ async function tick() {
     const wanted = selectedFromHash();
     if (wanted) select(wanted);
     else if (!view.job && jobs.length) {
-      const open = jobs.filter((j) => ["Pending", "Running", "Recovering"].includes(j.phase));
+      const open = jobs.filter((j) => ["Pending", "Running", "Recovering", "Suspended"].includes(j.phase));
       select((open.length ? open : jobs)[(open.length ? open : jobs).length - 1].id);
     }
     renderJobs(jobs);
