@@ -39,6 +39,8 @@ ALLOWED = {
     ("POST", "/v1/jobs"): SUBMIT,
     ("GET", "/v1/jobs/{job_id}"): READ,
     ("DELETE", "/v1/jobs/{job_id}"): SUBMIT,
+    ("POST", "/v1/jobs/{job_id}/suspend"): SUBMIT,
+    ("POST", "/v1/jobs/{job_id}/resume"): SUBMIT,
     ("GET", "/v1/jobs/{job_id}/events"): READ,
     ("GET", "/v1/jobs/{job_id}/logs"): READ,
     ("GET", "/v1/jobs/{job_id}/history"): READ,
@@ -154,6 +156,30 @@ def test_submitters_own_their_jobs_and_cancel_only_those(api, job):
         other = admin.submit(tiny_spec("admins")).id
         assert admin.job(other).owner == "admin"
         assert admin.cancel(other).cancel_requested
+
+
+def test_submitters_suspend_and_resume_only_their_own_jobs(api, job):
+    """A pending job (no agents here) is suspended in place and queues again on resume;
+    another owner's job cannot be, and an ended one answers 409."""
+    with api.controller.client(api.secrets.submitter_token) as mine:
+        own = mine.submit(tiny_spec("suspended-own")).id
+        for act in (mine.suspend, mine.resume):
+            with pytest.raises(ApiError) as e:
+                act(job)  # the admin's job
+            assert e.value.status == 403 and "belongs to admin" in str(e.value)
+        assert mine.suspend(own).suspend_requested
+        wait_until(lambda: mine.job(own).phase == "Suspended", 10, "the pending job suspended")
+        assert mine.job(own).condition("Suspended").reason == "Suspended"
+        assert not mine.resume(own).suspend_requested
+        wait_until(lambda: mine.job(own).phase == "Pending", 10, "the job queued again")
+        with pytest.raises(ApiError, match="not suspended; nothing to resume") as e:
+            mine.resume(own)
+        assert e.value.status == 409
+        mine.cancel(own)
+        wait_until(lambda: mine.job(own).phase == "Cancelled", 10, "the job cancelled")
+        with pytest.raises(ApiError, match="already Cancelled") as e:
+            mine.suspend(own)
+        assert e.value.status == 409
 
 
 def test_the_auth_file_holds_only_hashes_and_is_private(api):
