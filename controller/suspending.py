@@ -25,7 +25,7 @@ from services.store import Tx
 # how far ahead of the furthest rank the stop step lies: at least this many steps, and at
 # least this long at the job's step time (an agent hears of it within a pass and a beat)
 STEPS_AHEAD = 2
-AHEAD_S = 2.0
+AHEAD_S = 3.0
 
 
 def suspend_waiting(ctx: Pass, job: Job) -> None:
@@ -74,9 +74,10 @@ def drain(ctx: Pass, view: JobView) -> bool:
 
 def _issue(ctx: Pass, view: JobView) -> bool:
     job = view.job
+    if not job.step_s:
+        return False  # no step time yet to measure the margin in: after the first step
     furthest = max((r.step for r in view.ranks), default=job.step)
-    ahead = max(STEPS_AHEAD, math.ceil(AHEAD_S / job.step_s)) if job.step_s else STEPS_AHEAD
-    step = furthest + ahead
+    step = furthest + max(STEPS_AHEAD, math.ceil(AHEAD_S / job.step_s))
     if step >= job.total_steps:
         return False  # it finishes before it could stop: the request ends with the job
     job.drain = {"generation": job.generation, "step": step, "at": ctx.now}
