@@ -7,8 +7,9 @@ drain file. A trainer reads the file after every step: at that step it checkpoin
 for the commit and exits with `EXIT_SUSPENDED`. Every rank stops at the same step, so the
 checkpoint is one collective like any other; no collective is added to a step. A rank that
 hears of the step only after it passed it (its agent was late by more than the margin) keeps
-training, the others wait in the next collective, and the controller's grace period ends
-the generation: the job then resumes from its previous commit.
+training while the others save; their save fails, and the controller handles that as a
+fault (or, past `preemption.grace_s`, stops the generation): the job then resumes from its
+previous commit.
 """
 
 from __future__ import annotations
