@@ -22,6 +22,7 @@ from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 from cli import data, export, logs, plan, render
 from cli.demo import run_demo
 from cli.local_stack import LocalStack, StackConfig, StackError, wait_ready
+from cli.stop_and_resume import resume_listed, suspend_open_jobs
 from cli.watch import TERMINAL, watch
 from services.client import DEFAULT_URL, ApiError, Client
 from services.spec import SpecError, load_spec
@@ -137,9 +138,13 @@ def _stop_on_signals() -> None:
 def cmd_up(args: argparse.Namespace) -> int:
     stack = _stack(args)
     _stop_on_signals()
+    started = False
     try:
         stack.start()
+        started = True
         sec = stack.secrets
+        with Client(stack.url, sec.admin_token) as c:
+            resume_listed(c, stack.cfg.run_dir, stack.say)
         print(
             f"meshkeeper up: controller {stack.url}, {args.workers} workers; logs in {stack.logs}; "
             f"secrets (tokens, Redis passwords; mode 0600) in {sec.dir}",
@@ -163,6 +168,12 @@ def cmd_up(args: argparse.Namespace) -> int:
             time.sleep(0.5)
     except KeyboardInterrupt:
         print("\nmeshkeeper up: stopping", file=sys.stderr)
+        if started:
+            try:
+                with Client(stack.url, stack.secrets.admin_token) as c:
+                    suspend_open_jobs(c, stack.cfg.run_dir, stack.say)
+            except KeyboardInterrupt:
+                print("meshkeeper up: stopping at once", file=sys.stderr)
         return 0
     finally:
         stack.stop()

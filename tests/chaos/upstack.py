@@ -24,26 +24,38 @@ class UpStack:
     def __init__(self, run: Path, port: int, workers: int):
         self.work, self.url = run, f"http://127.0.0.1:{port}"
         self.log = run.parent / "up.log"
-        env = {k: v for k, v in ENV.items() if k != "REDIS_URL"}
         # --allow-chaos: the silent-data-corruption tests submit bit flips with the admin token
-        argv = [sys.executable, "-m", "cli", "up", "--workers", str(workers), "--warm", "1"]
-        argv += ["--allow-chaos"]
+        self.argv = [sys.executable, "-m", "cli", "up", "--workers", str(workers), "--warm", "1"]
+        self.argv += ["--allow-chaos", "--port", str(port), "--run-dir", str(run)]
+        self._launch()
+
+    def _launch(self) -> None:
+        token = self.work / "secrets" / "api-token"  # the admin token `up` writes first
+        token.unlink(missing_ok=True)  # a restart writes a fresh one
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [*argv, "--port", str(port), "--run-dir", str(run)],
+                self.argv,
                 cwd=ROOT,
-                env=env,
+                env={k: v for k, v in ENV.items() if k != "REDIS_URL"},
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        token = run / "secrets" / "api-token"  # the admin token `up` writes before anything
         wait_until(
             lambda: token.exists() and token.read_text().strip(), 30, f"{token} (see {self.log})"
         )
         self.token = token.read_text().strip()
-        self.scrape_token_file = run / "secrets" / "scrape-token"
+        self.scrape_token_file = self.work / "secrets" / "scrape-token"
         self.client = Client(self.url, self.token)
+
+    def restart(self, workers: int, stop_s: float = 200) -> None:
+        """Stop `up` as a user does (SIGTERM: it suspends the open jobs first) and start it
+        again on the same run dir and port, ready with `workers` agents."""
+        self.client.close()
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(stop_s)
+        self._launch()
+        self.wait_ready(workers)
 
     def wait_ready(self, workers: int, timeout: float = 120) -> None:
         """The controller ready with `workers` live agents; fails at once if `up` exits."""
