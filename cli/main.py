@@ -152,7 +152,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         )
         print(
             f"  export MESHKEEPER_URL={stack.url} MESHKEEPER_TOKEN_FILE={sec.api_token_file}\n"
-            f"  meshkeeper submit SPEC.yaml --watch   (Ctrl-C here stops everything)\n"
+            f"  meshkeeper submit SPEC.yaml --watch   (Ctrl-C suspends the jobs, then stops)\n"
             f"  more agents: python -m worker --controller {stack.url} "
             f"--join-token-file {sec.join_token_file}",
             flush=True,
