@@ -109,6 +109,8 @@ class JobStatus(JobSummary):
     eta_s: float | None = None
     started_at: float | None = None
     last_checkpoint: Checkpoint | None = None
+    # asked to suspend (POST .../suspend) and not resumed since: while Running it is stopping
+    suspend_requested: bool = False
     mesh: Mesh
     recoveries: list[RecoveryRecord] = []
     straggler: StragglerFlag | None = None  # reported, not replaced, in this generation
