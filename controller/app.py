@@ -178,6 +178,12 @@ def create_app(ctl: Controller, auth: Auth, hosts: list[str] = ("*",)) -> FastAP
             raise ApiError(404, f"job {job_id!r} not found; list jobs with GET /v1/jobs")
         return job
 
+    def owned_job(job_id: str, who: Principal) -> Job:
+        """The job, if `who` may cancel, suspend or resume it (its owner, or an admin)."""
+        job = load_job(job_id)
+        may_cancel(who, job_id, job.owner)
+        return job
+
     @app.post(
         "/v1/jobs",
         status_code=201,
@@ -337,8 +343,7 @@ def create_app(ctl: Controller, auth: Auth, hosts: list[str] = ("*",)) -> FastAP
     def cancel_job(job_id: JobId, who: Principal = submitter) -> dict:
         """Request cancellation; the lease holder stops every rank and frees the workers.
         A submitter cancels only its own jobs; an admin any."""
-        job = load_job(job_id)
-        may_cancel(who, job_id, job.owner)
+        job = owned_job(job_id, who)
         if job.phase in TERMINAL:
             raise ApiError(409, f"job {job_id} is already {job.phase}; nothing to cancel")
         ctl.store.request_cancel(job_id)
@@ -355,8 +360,7 @@ def create_app(ctl: Controller, auth: Auth, hosts: list[str] = ("*",)) -> FastAP
         """Request a suspend: the ranks stop after a step chosen a little ahead, commit it and
         exit, and the job frees its workers (phase Suspended) until resumed; a pending job is
         suspended at once. Who may cancel a job may suspend it."""
-        job = load_job(job_id)
-        may_cancel(who, job_id, job.owner)
+        job = owned_job(job_id, who)
         if job.phase in TERMINAL:
             raise ApiError(
                 409,
@@ -376,8 +380,7 @@ def create_app(ctl: Controller, auth: Auth, hosts: list[str] = ("*",)) -> FastAP
     def resume_job(job_id: JobId, who: Principal = submitter) -> dict:
         """Withdraw a suspend: a suspended job queues again and resumes from the step it
         committed; one still stopping finishes suspending first, then queues."""
-        job = load_job(job_id)
-        may_cancel(who, job_id, job.owner)
+        job = owned_job(job_id, who)
         if not job.suspend_requested:
             raise ApiError(409, f"job {job_id} is {job.phase}, not suspended; nothing to resume")
         ctl.store.request_suspend(job_id, False)

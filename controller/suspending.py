@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from controller import apply
+from controller import apply, history
 from controller.jobs import Job
 from controller.passes import JobView, Pass
 from services.store import Tx
@@ -26,6 +26,7 @@ from services.store import Tx
 # least this long at the job's step time (an agent hears of it within a pass and a beat)
 STEPS_AHEAD = 2
 AHEAD_S = 3.0
+PACE_POINTS = 21  # history points (about one a step) the pace is measured over
 
 
 def suspend_waiting(ctx: Pass, job: Job) -> None:
@@ -74,10 +75,11 @@ def drain(ctx: Pass, view: JobView) -> bool:
 
 def _issue(ctx: Pass, view: JobView) -> bool:
     job = view.job
-    if not job.step_s:
-        return False  # no step time yet to measure the margin in: after the first step
+    wall = _seconds_per_step(ctx, job)
+    if wall is None:
+        return False  # no pace to measure the margin in yet: after a few steps
     furthest = max((r.step for r in view.ranks), default=job.step)
-    step = furthest + max(STEPS_AHEAD, math.ceil(AHEAD_S / job.step_s))
+    step = furthest + max(STEPS_AHEAD, math.ceil(AHEAD_S / wall))
     if step >= job.total_steps:
         return False  # it finishes before it could stop: the request ends with the job
     job.drain = {"generation": job.generation, "step": step, "at": ctx.now}
@@ -87,6 +89,17 @@ def _issue(ctx: Pass, view: JobView) -> bool:
         tx.publish(ctx.keys.worker_assignment(wid), job.id)
     _write(ctx, job, "Suspending", f"every rank stops after step {step}, commits it and exits", tx)
     return True
+
+
+def _seconds_per_step(ctx: Pass, job: Job) -> float | None:
+    """Wall seconds per step of the current generation over its newest history points (the
+    pace, with data loading, saves and evals: a step record's step_s is its compute alone)."""
+    points = [
+        p for p in history.recent(ctx.store, job.id, PACE_POINTS) if p.generation == job.generation
+    ]
+    if len(points) < 2 or points[0].step == points[-1].step:
+        return None
+    return (points[0].time - points[-1].time) / (points[0].step - points[-1].step)
 
 
 def _write(ctx: Pass, job: Job, reason: str, message: str, tx: Tx | None = None) -> None:

@@ -171,6 +171,27 @@ def survives_one_kill(
     return j, assert_curve(stack, j, reference, exact=True)
 
 
+def paced_spec(name: str) -> dict:
+    """A dp2 job of 40 steps paced to 0.25 s each (`chaos.min_step_s`): a suspend or a stop
+    asked after a few steps lands mid-run on any host."""
+    return {**mesh_spec(name, steps=40), "chaos": {"min_step_s": 0.25}}
+
+
+def resumed_once(stack: Stack, j: JobStatus, reference: list[dict]) -> int:
+    """The job succeeded in two generations with no restart and nothing redone: generation 1
+    ran every step up to the one it committed when suspended, 2 every one after, with
+    `reference`'s losses bit for bit. Returns that step."""
+    succeeded(stack, j)
+    assert (j.generation, j.restarts, j.recoveries) == (2, 0, [])
+    curve = assert_curve(stack, j, reference, exact=True)
+    stop = max(s for s, r in curve.items() if r["generation"] == 1)
+    assert 0 < stop < j.steps
+    assert {s: r["generation"] for s, r in curve.items()} == {
+        s: 1 if s <= stop else 2 for s in range(1, j.steps + 1)
+    }
+    return stop
+
+
 def rank(j: JobStatus, n: int):
     return next(r for r in j.mesh.ranks if r.rank == n)
 
