@@ -9,6 +9,7 @@ import pytest
 
 from tests.chaos.chaos import paced_spec, resumed_once, start
 from tests.chaos.conftest import UP_WORKERS
+from tests.stack import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -20,8 +21,9 @@ def test_up_stopped_mid_job_resumes_it_where_it_stopped(up, uninterrupted):
     w.until(lambda j: j.step >= 4, 60, "a few steps")
 
     up.restart(UP_WORKERS)  # SIGTERM, as Ctrl-C or a service manager stops it
-    log = up.log.read_text()
-    assert f"suspended {w.jid}" in log and f"resumed {w.jid}" in log, up.logs()
+    assert f"suspended {w.jid}" in up.log.read_text(), up.logs()  # before it stopped
+    # the new `up` resumes it once its stack is ready, which is what restart waited for
+    wait_until(lambda: f"resumed {w.jid}" in up.log.read_text(), 30, "the job resumed")
 
     stop = resumed_once(up, w.finish(), want)
     assert stop > 4
