@@ -301,6 +301,17 @@ def test_example_training_job_fits_the_crd_and_the_job_spec():
         jsonschema.validate({**job, "spec": {"model": {}}}, schema)  # train is required
 
 
+def test_the_crd_keeps_every_section_of_the_job_spec():
+    """A spec section the CRD does not list is pruned by the API server without a word (its
+    schema is structural): a TrainingJob's `eval:` would vanish before the operator saw it.
+    `chaos` alone stays out: fault injection is for tests, never a cluster's resources."""
+    from services.spec import JobSpec
+
+    crd = yaml.safe_load((dt.CHART / "crds" / "trainingjobs.meshkeeper.io.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert set(spec["properties"]) == set(JobSpec.model_fields) - {"chaos"}
+
+
 def _expand(value: str, env: dict[str, str]) -> str:
     """Kubernetes' $(VAR) expansion in args and env values."""
     for name, v in env.items():
