@@ -101,6 +101,7 @@ class StackConfig:
     )
     warm: int = 1
     allow_chaos: bool = False  # the controller's --allow-chaos (controller/chaos_gate.py)
+    priority_classes: Path | None = None  # the controller's --priority-classes
 
 
 RESTARTS = 5  # at most this many restarts of one part (redis, controller, agents) ...
@@ -246,6 +247,11 @@ class LocalStack:
                 "--checkpoint-root-allow",
                 str(ckpt),
                 *(["--allow-chaos"] if self.cfg.allow_chaos else []),
+                *(
+                    ["--priority-classes", str(self.cfg.priority_classes)]
+                    if self.cfg.priority_classes
+                    else []
+                ),
             ],
             {"REDIS_URL": self.controller_redis_url},
         )

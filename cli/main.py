@@ -124,6 +124,7 @@ def _stack(args: argparse.Namespace) -> LocalStack:
             redis_url=os.environ.get("REDIS_URL") or None,
             warm=args.warm,
             allow_chaos=args.allow_chaos,
+            priority_classes=getattr(args, "priority_classes", None),
         )
     )
 
@@ -227,6 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-chaos",
         action="store_true",
         help="the controller accepts specs with chaos (fault injection) from the admin token",
+    )
+    p.add_argument(
+        "--priority-classes",
+        type=lambda s: Path(s).resolve(),
+        help="YAML list of {name, value, preempts} for the controller (default: low 0, "
+        "default 100, high 1000 preempts)",
     )
     p.set_defaults(fn=cmd_up)
     p = sub.add_parser("demo", help="up + a small 3D job, a rank killed mid-run, the recovery")

@@ -9,9 +9,11 @@ import os
 import sys
 from pathlib import Path
 
+from controller import priorities as priority_classes
 from controller.admission import AdmissionConfig, Quotas
 from controller.auth import Auth, refuse_without_admin
 from controller.pool_limits import PoolLimits
+from controller.priorities import PriorityClasses
 from controller.retention import RetentionConfig
 from controller.scheduler import SchedulerConfig
 from controller.service import Controller, ControllerConfig
@@ -158,6 +160,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="accept specs with a chaos section (fault injection: bit flips in a rank's state, "
         "a rank's memory limit) "
         'from admin tokens; for test clusters only (docs/security.md, "Fault injection")',
+    )
+    ap.add_argument(
+        "--priority-classes",
+        type=Path,
+        help="YAML list of {name, value, preempts}, replacing the built-in classes low (0), "
+        "default (100) and high (1000, preempts); it must name a class default "
+        '(docs/control-plane.md, "Priorities and preemption")',
     )
     ap.add_argument(
         "--quota",
@@ -319,6 +328,13 @@ def main(argv: list[str] | None = None) -> int:
     if (why := refuse_without_admin(auth)) is not None:
         print(f"controller: {why}", file=sys.stderr)
         return 2
+    try:
+        priorities = PriorityClasses()
+        if args.priority_classes:
+            priorities = priority_classes.load(args.priority_classes)
+    except ValueError as e:
+        print(f"controller: --priority-classes {e}", file=sys.stderr)
+        return 2
     if args.allow_chaos:  # loud, like --insecure-no-auth: it is a test cluster's setting
         logging.getLogger("meshkeeper.admission").warning(
             "--allow-chaos: admin tokens may submit fault injection "
@@ -337,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
             args.rdzv_ports,
             reserve_after_s=args.reserve_after,
             quotas=Quotas(args.default_quota, dict(args.quota)),
+            priorities=priorities,
         ),
         agent_redis_url=args.agent_url or os.environ.get("MESHKEEPER_AGENT_REDIS_URL"),
         admission=AdmissionConfig(

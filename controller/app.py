@@ -243,7 +243,9 @@ def create_app(ctl: Controller, auth: Auth, hosts: list[str] = ("*",)) -> FastAP
                 problem = {"field": no.problem.field, "message": no.problem.message}
                 raise ApiError(no.status, no.detail, [problem])
             limits = ctl.cfg.pool_limits
-            if over := limit_problems(spec, who, limits):
+            if over := limit_problems(spec, who, limits) + ctl.cfg.scheduler.priorities.problems(
+                spec
+            ):
                 raise SpecError(over)
             if not who.admin:
                 waiting = await run_in_threadpool(jobs.waiting_of, ctl.store, who.name)

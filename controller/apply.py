@@ -373,8 +373,15 @@ def finish(
 def suspended(ctx: Pass, view: JobView, message: str) -> None:
     """The job holds no workers until resumed (controller/suspending.py): the final rank view
     kept and every worker released, as at the end, but it stays in the open queue."""
-    view.job.drain = {}
+    view.job.drain, view.job.preempted_by = {}, None
     _stop(ctx, view, "Suspended", "Suspended", message, "Normal", Tx())
+
+
+def preempted(ctx: Pass, view: JobView, message: str) -> None:
+    """As `suspended`, but the job queues again at once (Pending) under a `Preempted`
+    condition: the queue places it after the higher-valued job it stopped for."""
+    view.job.drain, view.job.preempted_by = {}, None
+    _stop(ctx, view, "Preempted", "Preempted", message, "Warning", Tx())
 
 
 def _stop(

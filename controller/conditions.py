@@ -6,7 +6,16 @@ the time moves only when the status flips, as in Kubernetes.
 
 from __future__ import annotations
 
-TYPES = ("Admitted", "Running", "Recovering", "Suspended", "Succeeded", "Failed", "Cancelled")
+TYPES = (
+    "Admitted",
+    "Running",
+    "Recovering",
+    "Suspended",
+    "Preempted",  # it stopped for a higher-priority job; history, not a phase
+    "Succeeded",
+    "Failed",
+    "Cancelled",
+)
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
 PHASES = ("Pending", "Running", "Recovering", "Suspended", *TERMINAL)
 

@@ -40,6 +40,7 @@ class Job:
     conditions: list[dict] = field(default_factory=list)
     cancel_requested: bool = False
     suspend_requested: bool = False  # written by the API; the pass suspends or resumes
+    preempted_by: str | None = None  # the job this one is stopping for (controller/preempting)
     # the step the current generation's ranks were told to stop after, and when (suspend)
     drain: dict = field(default_factory=dict)  # {generation, step, at}
     submitted_at: float | None = None
@@ -149,6 +150,7 @@ class Job:
             "recoveries": _json(self.recoveries),
             "current": self.current,
             "drain": self.drain,
+            "preempted_by": self.preempted_by or "",  # "" clears it (None is not written)
             "straggler": self.straggler.model_dump(mode="json") if self.straggler else None,
         }
 
@@ -181,6 +183,7 @@ class Job:
             cancel_requested=h.get("cancel_requested") == "1",
             suspend_requested=h.get("suspend_requested") == "1",
             drain=loads(h.get("drain"), {}),
+            preempted_by=h.get("preempted_by") or None,
             submitted_at=num("submitted_at"),
             started_at=num("started_at"),
             finished_at=num("finished_at"),

@@ -17,6 +17,7 @@ from typing import Protocol
 from controller.admission import PoolWorker, Quotas, live_pool
 from controller.jobs import Job
 from controller.placement import FreeWorker
+from controller.priorities import PriorityClasses
 from services.api import RankStatus
 from services.assignment import Assignment
 from services.store import Keys, Store, Tx
@@ -30,6 +31,7 @@ class SchedulerConfig:
     # waited this long gets first claim on freed workers; later jobs stop backfilling past it.
     reserve_after_s: float = 300.0
     quotas: Quotas = Quotas()
+    priorities: PriorityClasses = PriorityClasses()  # --priority-classes
 
 
 class FreePool:

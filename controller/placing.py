@@ -27,15 +27,23 @@ def free_workers(
     alive = sorted((w for w in store.alive_workers(alive_s, now) if w not in held), key=natural_key)
     wids = quarantine.admissible(store, alive, now)
     infos, pointers = store.workers(wids), store.assignments(wids)
-    out = []
-    for w in wids:
-        info = infos[w]
-        if info.get("joined_at") and info.get("state") == "idle" and not pointers[w]:
-            host = loads(info.get("labels"), {}).get("host") or info.get("host", "?")
-            out.append(
-                FreeWorker(w, host, info.get("address", "127.0.0.1"), int(info.get("devices", 1)))
-            )
-    return out
+    return [
+        _as_free(w, infos[w])
+        for w in wids
+        if infos[w].get("joined_at") and infos[w].get("state") == "idle" and not pointers[w]
+    ]
+
+
+def registered_workers(store: Store, wids: list[str]) -> list[FreeWorker]:
+    """`wids` as placement sees a free worker, busy or not (the workers a preemption would
+    free: controller/preempting.py); those registered at a join only."""
+    infos = store.workers(wids)
+    return [_as_free(w, infos[w]) for w in wids if infos[w].get("joined_at")]
+
+
+def _as_free(wid: str, info: dict[str, str]) -> FreeWorker:
+    host = loads(info.get("labels"), {}).get("host") or info.get("host", "?")
+    return FreeWorker(wid, host, info.get("address", "127.0.0.1"), int(info.get("devices", 1)))
 
 
 def held_workers(store: Store, jobs: list[Job]) -> frozenset[str]:
@@ -59,6 +67,8 @@ def try_start(ctx: Pass, job: Job) -> Placement | None:
         return None
     job.started_at = job.started_at or ctx.now
     layout = Layout(shape, placed.ranks, job.microbatches or p.microbatches, {}, placed.spares)
+    if (job.condition("Preempted") or {}).get("status") == "True":
+        job.set("Preempted", False, "Placed", "placed again after its preemption", ctx.now)
     rec = job.open_recovery  # a recovery that waited for capacity ends here
     if rec:
         rec.to_generation, rec.decided_at = job.generation + 1, ctx.now

@@ -13,7 +13,7 @@ import logging
 
 import redis
 
-from controller import apply, placing, suspending, waiting
+from controller import apply, placing, preempting, suspending, waiting
 from controller.availability import RedisAvailability
 from controller.following import follow
 from controller.jobs import Job
@@ -44,10 +44,11 @@ class Scheduler:
         return placing.free_workers(self.store, self.cfg.worker_alive_s, now, held)
 
     def run_once(self, lease: str) -> None:
-        """Jobs in submission order. A waiting job (pending, or a recovery waiting for capacity)
-        starts if its owner's quota and the idle workers allow; one that cannot does not block
-        later ones (backfill) unless it fits the pool and has waited `reserve_after_s`: then it
-        reserves, and later waiting jobs start only after it (docs/control-plane.md)."""
+        """Jobs by priority value, then in submission order. A waiting job (pending, or a
+        recovery waiting for capacity) starts if its owner's quota and the idle workers allow;
+        one that cannot does not block later ones (backfill) unless it fits the pool and has
+        waited `reserve_after_s`, or it preempts lower jobs to run: then it reserves, and
+        later waiting jobs start only after it (docs/control-plane.md)."""
         jids = self.store.job_ids(open_only=True)
         if not jids:
             return
@@ -68,9 +69,11 @@ class Scheduler:
         )
         running = waiting.running_ranks(readable)
         reserved_by: str | None = None
-        for jid, job in jobs.items():
+        # higher priority values first; within a value, submission order (a stable sort)
+        value = {j.id: self.cfg.priorities.of(j.spec).value for j in readable}
+        for jid, job in sorted(jobs.items(), key=lambda kv: -value.get(kv[0], 0)):
             try:
-                reserved_by = self._handle(ctx, jid, job, running, reserved_by)
+                reserved_by = self._handle(ctx, jid, job, running, reserved_by, readable)
             except (Fenced, redis.ConnectionError, redis.TimeoutError):
                 raise  # the lease is gone, or Redis is: the whole pass stops
             except Exception as e:  # one job's bad state must not stop the others
@@ -84,7 +87,13 @@ class Scheduler:
                 )
 
     def _handle(
-        self, ctx: Pass, jid: str, job: Job | None, running: dict[str, int], reserved_by: str | None
+        self,
+        ctx: Pass,
+        jid: str,
+        job: Job | None,
+        running: dict[str, int],
+        reserved_by: str | None,
+        jobs: list[Job],
     ) -> str | None:
         """One job's turn in the pass; returns the job that reserves the pool, if any."""
         if job is None:  # half-written, deleted, or unreadable: drop it from the queue
@@ -103,6 +112,8 @@ class Scheduler:
             if reserved_by is None and placing.try_start(ctx, job):
                 running[job.owner] = running.get(job.owner, 0) + job.ranks
                 return reserved_by
+            if reserved_by is None and preempting.try_preempt(ctx, job, jobs, self.cfg.priorities):
+                return jid  # the workers its victims free are its own
             if reserved_by is None and waiting.reserves(ctx, job):
                 reserved_by = jid
             waiting.wait(ctx, job, reserved_by)

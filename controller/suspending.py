@@ -46,31 +46,41 @@ def resume(ctx: Pass, job: Job) -> None:
 
 
 def drain(ctx: Pass, view: JobView) -> bool:
-    """One pass of a running job being suspended; True when this pass wrote its outcome
-    (the stop step was just issued, or the job is now Suspended)."""
+    """One pass of a running job being suspended or preempted (`preempted_by`); True when
+    this pass wrote its outcome (the stop step was just issued, or the job stopped)."""
     job = view.job
     issued = job.drain if job.drain.get("generation") == job.generation else {}
     if view.ranks and all(r.state == "suspended" for r in view.ranks):
-        apply.suspended(
-            ctx,
-            view,
-            f"every rank committed step {issued.get('step')} and stopped; resume continues from it",
-        )
+        _stopped(ctx, view, f"every rank committed step {issued.get('step')} and stopped")
         return True
     if not issued:
-        if not job.suspend_requested or job.phase != "Running":
+        if not (job.suspend_requested or job.preempted_by) or job.phase != "Running":
             return False  # not asked, or recovering: a new generation is asked once it runs
         return _issue(ctx, view)
     grace = job.spec.preemption.grace_s
     if ctx.now - issued["at"] > grace:
-        apply.suspended(
+        _stopped(
             ctx,
             view,
             f"the ranks did not commit step {issued['step']} within preemption.grace_s "
-            f"({grace:g} s) and were stopped; resume continues from the last commit",
+            f"({grace:g} s) and were stopped",
         )
         return True
     return False
+
+
+def _stopped(ctx: Pass, view: JobView, what: str) -> None:
+    """Suspended (a person asked), or queued again (a higher-priority job did)."""
+    job = view.job
+    if job.suspend_requested or not job.preempted_by:
+        apply.suspended(ctx, view, f"{what}; resume continues from its last commit")
+    else:
+        apply.preempted(
+            ctx,
+            view,
+            f"preempted by {job.preempted_by}: {what}; it queues again and continues from its "
+            "last commit",
+        )
 
 
 def _issue(ctx: Pass, view: JobView) -> bool:

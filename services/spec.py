@@ -15,6 +15,7 @@ import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
+    ConfigDict,
     Field,
     ValidationError,
     field_validator,
@@ -165,6 +166,25 @@ class CheckpointSpec(Strict):
     keep: int = Field(default=3, ge=1, le=1000)
     mode: Literal["sync", "async"] = "async"
     root: PathText | None = Field(default=None, min_length=1, max_length=4096)
+
+
+class PrioritySpec(Strict):
+    # `class` in YAML and JSON (a Python keyword, hence the attribute's name)
+    model_config = ConfigDict(
+        **Strict.model_config,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+    )
+    class_: str = Field(
+        default="default",
+        alias="class",
+        min_length=1,
+        max_length=63,
+        description="The job's priority class (the controller's --priority-classes; built in: "
+        "low 0, default 100, high 1000, which may preempt lower jobs). Higher values are "
+        "placed first.",
+    )
 
 
 class PreemptionSpec(Strict):
@@ -417,6 +437,10 @@ class JobSpec(Strict):
     fault_tolerance: FaultToleranceSpec = FaultToleranceSpec()
     snapshot: SnapshotSpec = SnapshotSpec()
     sdc: SdcSpec = SdcSpec()
+    priority: PrioritySpec = Field(
+        default=PrioritySpec(),
+        description="Where the job queues among others, and whether it may preempt",
+    )
     preemption: PreemptionSpec = Field(
         default=PreemptionSpec(),
         description="Stopping the job to free its workers (suspend): the commit it is given",
@@ -757,7 +781,8 @@ UNLISTED_KEYS = {"chaos"}
 def _known_keys(loc: tuple) -> list[str]:
     """The valid keys of the model at `loc` (for 'unknown key' messages)."""
     _, annotation = _walk(loc[:-1])
-    return sorted(set(getattr(_model_in(annotation), "model_fields", {})) - UNLISTED_KEYS)
+    fields = getattr(_model_in(annotation), "model_fields", {})
+    return sorted({f.alias or name for name, f in fields.items()} - UNLISTED_KEYS)
 
 
 # Type errors of the strict model, said with the fix.
