@@ -124,7 +124,7 @@ def _stack(args: argparse.Namespace) -> LocalStack:
             redis_url=os.environ.get("REDIS_URL") or None,
             warm=args.warm,
             allow_chaos=args.allow_chaos,
-            priority_classes=getattr(args, "priority_classes", None),
+            priority_classes=args.priority_classes,
         )
     )
 
@@ -245,7 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kill-rank", type=int, help="default: the rank after the middle one")
     p.add_argument("--no-kill", action="store_true", help="no fault: just train")
     p.add_argument("--interval", type=float, default=0.5)
-    p.set_defaults(fn=cmd_demo, allow_chaos=False)  # the demo injects nothing
+    # the demo injects nothing and runs under the built-in priority classes
+    p.set_defaults(fn=cmd_demo, allow_chaos=False, priority_classes=None)
     p = sub.add_parser("submit", help="submit a job spec (YAML/JSON)")
     p.add_argument("spec")
     p.add_argument("--watch", action="store_true", help="then watch it to the end")
