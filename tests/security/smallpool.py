@@ -51,6 +51,10 @@ class SmallPool:
     def client_as(self, token: str) -> Client:
         return Client(self.controller.url, token, timeout=10)
 
+    def logs(self) -> str:
+        """The controller's log tail (what the chaos helpers print on a failure)."""
+        return f"--- controller\n{self.controller.proc.tail(3000)}"
+
     def close(self) -> None:
         self.client.close()
         stop_all([a.p for a in self.agents], 10)
