@@ -379,8 +379,10 @@ def suspended(ctx: Pass, view: JobView, message: str) -> None:
 
 def preempted(ctx: Pass, view: JobView, message: str) -> None:
     """As `suspended`, but the job queues again at once (Pending) under a `Preempted`
-    condition: the queue places it after the higher-valued job it stopped for."""
-    view.job.drain, view.job.preempted_by = {}, None
+    condition: the queue places it after the higher-valued job it stopped for. It keeps
+    `preempted_by` until it is placed again (controller/placing.py), so that job waits for
+    the workers it freed instead of stopping more jobs meanwhile."""
+    view.job.drain = {}
     _stop(ctx, view, "Preempted", "Preempted", message, "Warning", Tx())
 
 

@@ -34,11 +34,12 @@ def free_workers(
     ]
 
 
-def registered_workers(store: Store, wids: list[str]) -> list[FreeWorker]:
+def registered_workers(store: Store, wids: list[str], alive_s: float) -> list[FreeWorker]:
     """`wids` as placement sees a free worker, busy or not (the workers a preemption would
-    free: controller/preempting.py); those registered at a join only."""
+    free: controller/preempting.py); those alive and registered at a join only."""
+    alive = set(store.alive_workers(alive_s))
     infos = store.workers(wids)
-    return [_as_free(w, infos[w]) for w in wids if infos[w].get("joined_at")]
+    return [_as_free(w, infos[w]) for w in wids if w in alive and infos[w].get("joined_at")]
 
 
 def _as_free(wid: str, info: dict[str, str]) -> FreeWorker:
@@ -69,6 +70,7 @@ def try_start(ctx: Pass, job: Job) -> Placement | None:
     layout = Layout(shape, placed.ranks, job.microbatches or p.microbatches, {}, placed.spares)
     if (job.condition("Preempted") or {}).get("status") == "True":
         job.set("Preempted", False, "Placed", "placed again after its preemption", ctx.now)
+    job.preempted_by = None
     rec = job.open_recovery  # a recovery that waited for capacity ends here
     if rec:
         rec.to_generation, rec.decided_at = job.generation + 1, ctx.now

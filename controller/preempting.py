@@ -32,8 +32,11 @@ def try_preempt(ctx: Pass, job: Job, jobs: list[Job], classes: PriorityClasses) 
     mine = classes.of(job.spec)
     if not mine.preempts:
         return False
-    if any(j.preempted_by == job.id for j in jobs if j.phase in ("Running", "Recovering")):
-        return True
+    victims = [j for j in jobs if j.preempted_by == job.id]
+    if any(j.phase in ("Running", "Recovering") for j in victims):
+        return True  # still stopping: what they free is this job's
+    if victims:
+        return False  # they yielded: it starts once their agents are idle, or waits as any job
     candidates = sorted(
         (
             j
@@ -53,7 +56,7 @@ def try_preempt(ctx: Pass, job: Job, jobs: list[Job], classes: PriorityClasses) 
             continue
         chosen.append(victim)
         freed += asg.workers
-        workers = ctx.pool.workers + registered_workers(ctx.store, freed)
+        workers = ctx.pool.workers + registered_workers(ctx.store, freed, ctx.cfg.worker_alive_s)
         if place(shape, job.spec.fault_tolerance.spares, workers) is not None:
             _mark(ctx, job, mine.name, chosen)
             return True
