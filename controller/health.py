@@ -358,7 +358,8 @@ def straggler(
     a burst of run-queue noise (2-3 slow steps out of 5) lifts one rank's mean past 1.5x, and
     it is replaced, then its replacement too (seen in tests/chaos; comparing its fastest step
     with the others' fastest also flagged one). A rank slowed by contention is slow on every
-    step, by far more."""
+    step, by far more. On a GPU the figures are the device probe's (a fixed GEMM; the agent
+    folds them into compute_avg and compute_min, worker/agent/rank_progress.py)."""
     full = [
         r
         for r in ranks

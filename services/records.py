@@ -53,6 +53,9 @@ class StepRecord(Record):
     step_s: float
     compute_s: float  # this rank's own work, excluding time blocked in collectives
     wait_s: float  # time blocked in collectives (pipeline bubbles, all-reduces)
+    # a GPU rank's device probe: a fixed GEMM's time, no communication in it; the straggler
+    # signal where it is present (worker/trainer/device_probe.py)
+    probe_s: float | None = None
     lr: float
     grad_norm: float | None = None
     # bytes, the process's peak so far: max RSS on CPU, max_memory_allocated on GPU
@@ -107,7 +110,9 @@ class RankReport(Record):
     exited_at: float | None = None
     progress_at: float | None = None  # last time anything was heard from the trainer
     # blame evidence (controller/health.py)
-    compute_avg: float | None = None  # over the straggler window
+    # the straggler signal over its window: each step's probe_s where the rank has a device
+    # probe (a GPU), else its compute_s
+    compute_avg: float | None = None
     compute_min: float | None = None
     window_n: int = 0
     proc_state: str | None = None  # R, S, D, T... from the process table

@@ -109,6 +109,13 @@ class ParallelSpec(Strict):
         "weights, optimizer state and gradient reductions (FSDP2's MixedPrecisionPolicy). "
         "fp32 is bit-reproducible and what the parity tests compare.",
     )
+    tf32: bool = Field(
+        default=True,
+        description="On CUDA with precision fp32: matmuls run on TF32 tensor cores (10-bit "
+        "mantissa inputs, fp32 accumulation), about 7x fp32's peak on an H100. Still "
+        "deterministic run to run, but layouts no longer agree to fp32's rounding: set false "
+        "for strict fp32, as the GPU parity tests do. No effect on CPU or in bf16.",
+    )
     loss_parallel: bool = Field(
         default=True,
         description="With tp > 1: shard the embedding and the LM head over the vocabulary and "
@@ -130,6 +137,13 @@ class ParallelSpec(Strict):
     @property
     def world_size(self) -> int:
         return self.dp * self.pp * self.tp
+
+    @property
+    def matmul_precision(self) -> Literal["fp32", "tf32", "bf16"]:
+        """What a GPU's matmuls run in: the key of a device's peak (services/planner)."""
+        if self.precision == "fp32" and self.tf32:
+            return "tf32"
+        return self.precision
 
 
 class TrainSpec(Strict):

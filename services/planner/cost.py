@@ -71,7 +71,7 @@ def step_cost(spec: JobSpec, layout: Layout, cluster: Cluster) -> StepCost:
     tp, pp, dp, v, mb = layout.tp, layout.pp, layout.dp, layout.virtual_stages, layout.microbatches
     d, f, s = m.d_model, m.ffn, m.seq_len
     elem = act_bytes(spec)
-    flops = dev.flops[spec.parallel.precision] * dev.gemm_efficiency
+    flops = dev.flops[spec.parallel.matmul_precision] * dev.gemm_efficiency
     b = t.global_batch // (dp * mb)
     tokens = b * s
 

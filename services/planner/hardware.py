@@ -19,7 +19,9 @@ GiB = 2**30
 class DeviceProfile:
     name: str
     memory_bytes: int  # per device, as the datasheet states it (decimal GB)
-    flops: dict[str, float]  # dense peak FLOP/s per precision (fp32 without TF32, bf16)
+    # dense peak FLOP/s per matmul precision (ParallelSpec.matmul_precision): fp32 without
+    # TF32, tf32 (fp32 on TF32 tensor cores), bf16
+    flops: dict[str, float]
     # fraction of peak a large transformer GEMM reaches (matmul efficiency, not MFU)
     gemm_efficiency: float
     memory_bw: float  # device memory bytes/s (the roofline's slope for small GEMMs)
@@ -42,7 +44,8 @@ class DeviceProfile:
 CPU = DeviceProfile(
     name="cpu",
     memory_bytes=0,  # host RAM / devices, from the pool (or --memory-per-device)
-    flops={"fp32": 7.0e10, "bf16": 3.7e11},  # one thread; this CPU has AMX for bf16
+    # one thread; this CPU has AMX for bf16, and a CPU has no TF32: its fp32 figure
+    flops={"fp32": 7.0e10, "tf32": 7.0e10, "bf16": 3.7e11},
     gemm_efficiency=1.0,  # the measured figure already is what a GEMM reaches
     memory_bw=5.0e9,
     intra_host_bw=9.0e8,  # gloo over loopback
@@ -58,7 +61,7 @@ CPU = DeviceProfile(
 A100_80GB = DeviceProfile(
     name="a100-80gb",
     memory_bytes=80 * GB,
-    flops={"fp32": 19.5e12, "bf16": 312e12},
+    flops={"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12},
     gemm_efficiency=0.7,
     memory_bw=2.039e12,
     intra_host_bw=300 * GB,  # NVLink 3: 600 GB/s bidirectional
@@ -75,7 +78,7 @@ A100_80GB = DeviceProfile(
 H100_80GB = replace(
     A100_80GB,
     name="h100-80gb",
-    flops={"fp32": 67e12, "bf16": 989e12},
+    flops={"fp32": 67e12, "tf32": 494.7e12, "bf16": 989e12},
     gemm_efficiency=0.6,
     memory_bw=3.35e12,
     intra_host_bw=450 * GB,  # NVLink 4: 900 GB/s bidirectional

@@ -91,7 +91,7 @@ def test_cuda_events_time_gpu_work_and_leave_out_waiting_sections():
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"
 )
 def test_dp2_on_nccl_matches_one_process(tmp_path):
-    spec = tiny_spec("nccl-dp2", train={"steps": 4})
-    one = train({**spec, "parallel": {"dp": 1}}, tmp_path / "one")
+    spec = tiny_spec("nccl-dp2", train={"steps": 4}, parallel={"tf32": False})  # strict fp32
+    one = train({**spec, "parallel": {"dp": 1, "tf32": False}}, tmp_path / "one")
     two = train(spec, tmp_path / "two")
     assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one], rel=1e-5)

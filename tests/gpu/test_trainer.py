@@ -43,6 +43,7 @@ def test_bf16_1b_layers_step_time_mfu_and_memory_against_the_plan(tmp_path, meas
     tokens = raw["train"]["global_batch"] * spec.model.seq_len
     mfu = flops_per_token(spec.model) * tokens / step_s / where.device.flops["bf16"]
     peak = max(r["peak_mem_bytes"] for r in records)
+    probe_s = statistics.median(r["probe_s"] for r in steady)
     plan = rank_memory(spec, Layout.of(spec.parallel), where).total
     for name, value in {
         "trainer_1b2l_bf16_step_s": step_s,
@@ -50,6 +51,7 @@ def test_bf16_1b_layers_step_time_mfu_and_memory_against_the_plan(tmp_path, meas
         "trainer_1b2l_bf16_peak_bytes": peak,
         "trainer_1b2l_bf16_planned_bytes": plan,
         "trainer_1b2l_bf16_peak_over_plan": peak / plan,
+        "trainer_1b2l_bf16_probe_ms": probe_s * 1e3,
     }.items():
         measured(name, value)
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in records)
@@ -57,3 +59,31 @@ def test_bf16_1b_layers_step_time_mfu_and_memory_against_the_plan(tmp_path, meas
     # sanity bounds only: the plan is an estimate, and the figures go to the summary
     assert 0.01 < mfu < 1.0, mfu
     assert 0.3 < peak / plan < 2.0, (peak, plan)
+    assert all(r["probe_s"] > 0 for r in records)  # every step carries the straggler signal
+    assert probe_s < step_s / 20, (probe_s, step_s)  # and it costs a small part of the step
+
+
+def test_fp32_runs_its_matmuls_on_tf32_unless_the_spec_says_strict(tmp_path, measured):
+    """The default fp32 job runs its matmuls on TF32 tensor cores (ParallelSpec.tf32): its
+    numbers differ from strict fp32's from the first step on, and its steps are faster."""
+
+    def run(tf32: bool) -> list[dict]:
+        raw = {
+            "name": f"gpu-fp32-tf32-{tf32}",
+            "model": {"preset": "1b", "layers": 2},
+            "data": {"source": "synthetic", "seed": 7},
+            "parallel": {"dp": 1, "precision": "fp32", "tf32": tf32},
+            "train": {"steps": 6, "global_batch": 2, "lr": 3e-4},
+        }
+        return train(raw, tmp_path / str(tf32), timeout=400)
+
+    tf32, strict = run(True), run(False)
+    step = {
+        name: statistics.median(r["step_s"] for r in rs[2:])
+        for name, rs in (("tf32", tf32), ("strict", strict))
+    }
+    measured("trainer_1b2l_fp32_step_s_tf32", step["tf32"])
+    measured("trainer_1b2l_fp32_step_s_strict", step["strict"])
+    assert tf32[0]["loss"] != strict[0]["loss"]  # TF32's rounding is in the first forward
+    assert abs(tf32[0]["loss"] - strict[0]["loss"]) < 1e-2  # and only its rounding
+    assert step["strict"] > 1.2 * step["tf32"], step

@@ -154,3 +154,14 @@ def test_the_latest_eval_stays_in_the_report_between_evals_and_the_epoch_is_the_
     }
     assert report(3) == {"step": 3, "epoch": 1, "eval_loss": 3.25, "eval_step": 2, "eval_s": 0.5}
     assert report(5) == {"step": 5, "epoch": 1, "eval_loss": 3.0, "eval_step": 4, "eval_s": 0.75}
+
+
+def test_a_gpu_ranks_straggler_window_holds_its_device_probe_not_its_step_clock():
+    """On a GPU the step clock counts waits on NCCL as compute (every rank reports its slowest
+    peer's time), so the window takes the device probe's GEMM time where a step carries one."""
+    p = RankProgress(started_at=100.0, window=3)
+    for n, (compute, probe) in enumerate(((0.9, 0.0004), (0.8, 0.0006), (0.9, 0.0005)), 1):
+        p.absorb(StepRecord(**step(n, compute), probe_s=probe), now=104.0, offset=0.0)
+    f = p.fields()
+    assert (f["compute_s"], f["compute_min"], f["window_n"]) == (0.9, 0.0004, 3)
+    assert abs(f["compute_avg"] - 0.0005) < 1e-12

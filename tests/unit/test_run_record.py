@@ -28,6 +28,7 @@ def result(step: int, loss: float) -> StepResult:
         compute_s=0.2,
         wait_s=0.05,
         tokens=4096,
+        probe_s=None,
         peak_mem_bytes=1 << 20,
     )
 

@@ -34,7 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from services import discovery
 from services.records import ExpertLoad, StepRecord
-from services.spec import ModelSpec
+from services.spec import ModelSpec, ParallelSpec
 from services.store import Store
 from worker import mfu
 from worker.agent.metrics_tail import CheckpointCommitted, CheckpointFailed, Restored, TrainerLine
@@ -331,13 +331,13 @@ class _AgentCollector:
         if spec_path not in self._specs:
             try:
                 spec = json.loads(spec_path.read_text())
-                p = spec["parallel"]
+                p = ParallelSpec(**spec["parallel"])
                 peak = self.m.explicit_peak or mfu.device_peak_flops(
-                    self.m.device_name, p.get("precision", "fp32")
+                    self.m.device_name, p.matmul_precision
                 )
                 self._specs[spec_path] = (
                     mfu.flops_per_token(ModelSpec(**spec["model"])),
-                    p["dp"] * p["pp"] * p["tp"],
+                    p.world_size,
                     peak or self.m.peak_flops,
                 )
             except (OSError, ValueError, KeyError, TypeError) as e:

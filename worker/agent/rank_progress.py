@@ -46,7 +46,9 @@ class RankProgress:
     held_step: int | None = None  # newest step of which every ward's copy arrived here
     snapshot_error: str | None = None  # the latest snapshot failure
     sdc: dict[str, Any] | None = None  # silent data corruption found (RankReport.sdc)
-    computes: deque[float] = field(default_factory=deque)  # compute_s over the window
+    # the straggler signal over the window: probe_s on a GPU (its step clock counts waits on
+    # NCCL as compute; worker/trainer/device_probe.py), else compute_s
+    computes: deque[float] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
         self.progress_at = self.progress_at or self.started_at
@@ -77,7 +79,7 @@ class RankProgress:
                 self.last_eval = line
             if self.first_step_at is None:
                 self.first_step_at = line.time + offset
-            self.computes.append(line.compute_s)
+            self.computes.append(line.probe_s if line.probe_s is not None else line.compute_s)
             while len(self.computes) > self.window:
                 self.computes.popleft()
 

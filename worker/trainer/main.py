@@ -250,7 +250,9 @@ def run_record(args, start: int, rank: int) -> RunRecord | None:
 def peak_flops(spec: JobSpec, device: torch.device) -> float:
     """One rank's peak FLOP/s, as the agent's MFU gauge takes it (worker/mfu.py)."""
     if device.type == "cuda":
-        found = device_peak_flops(torch.cuda.get_device_name(device), spec.parallel.precision)
+        found = device_peak_flops(
+            torch.cuda.get_device_name(device), spec.parallel.matmul_precision
+        )
         if found:
             return found
     return default_peak_flops(int(os.environ.get("LOCAL_WORLD_SIZE", 1)))

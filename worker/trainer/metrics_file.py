@@ -41,6 +41,7 @@ class MetricsFile:
             step_s=r.step_s,
             compute_s=r.compute_s,
             wait_s=r.wait_s,
+            probe_s=r.probe_s,
             lr=r.lr,
             grad_norm=r.grad_norm,
             peak_mem_bytes=r.peak_mem_bytes,

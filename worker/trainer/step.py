@@ -24,6 +24,7 @@ from services.spec import JobSpec
 from worker.hf.weights import load_into
 from worker.progress import Collectives
 from worker.trainer.data import Batches
+from worker.trainer.device_probe import device_probe
 from worker.trainer.memory import peak_mem_bytes
 from worker.trainer.model import build_model
 from worker.trainer.moe import MoE
@@ -37,6 +38,7 @@ from worker.trainer.parallel import (
     vocab_sharded,
 )
 from worker.trainer.pipeline import build_schedule, split_stages
+from worker.trainer.prefetch import Prefetcher
 from worker.trainer.timing import step_clock
 
 
@@ -54,6 +56,7 @@ class StepResult:
     compute_s: float
     wait_s: float
     tokens: int
+    probe_s: float | None  # the device probe's GEMM (GPU ranks; worker/trainer/device_probe.py)
     peak_mem_bytes: int  # this process's peak so far (worker/trainer/memory.py)
     experts: ExpertLoad | None = None  # the step's routing (MoE models, global rank 0)
     epoch: int | None = None  # the epoch the step's batch starts in (finite sources)
@@ -104,7 +107,12 @@ class Trainer:
             build_schedule(parts, p, mesh["pp"], ctx.device, self._loss_fn) if p.pp > 1 else None
         )
         self.batches = Batches(spec.data, spec.model, spec.train.global_batch, p.dp)
+        on_gpu = ctx.device.type == "cuda"
+        self.prefetch = Prefetcher(self.batches, ctx.coord.dp) if on_gpu else None
         self.clock = step_clock(ctx.device)
+        self.probe = device_probe(ctx.device)
+        if on_gpu:  # the process's setting: only this trainer runs in it
+            torch.backends.cuda.matmul.allow_tf32 = p.matmul_precision == "tf32"
         self.collectives = collectives or Collectives(None)
         self.vocab_sharded = vocab_sharded(p)
         if weights:
@@ -145,7 +153,11 @@ class Trainer:
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Local mean loss (meaningful on last-stage ranks only under PP)."""
         with self.loss_context():
-            return self._forward_backward_on(x.to(self.ctx.device), y.to(self.ctx.device))
+            # asynchronous from a prefetched (page-locked) batch; a copy on CPU ranks
+            device = self.ctx.device
+            return self._forward_backward_on(
+                x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            )
 
     def _forward_backward_on(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.schedule is not None:
@@ -237,9 +249,14 @@ class Trainer:
         """Run step `index` (0-based: `index` steps are done before it); `before_update` runs
         just before parameters change."""
         t0 = time.perf_counter()
+        if self.probe:
+            self.probe.launch()  # ahead of the clock's start event: not in the step's compute
         self.clock.start()
         self.collectives.step_boundary()
-        x, y = self.batches.local(index, self.ctx.coord.dp)
+        if self.prefetch:
+            x, y = self.prefetch.local(index)
+        else:
+            x, y = self.batches.local(index, self.ctx.coord.dp)
         # Each collective phase is counted entered/left (worker/progress.py): the same three
         # phases on every rank, so a hang's counts show which rank the others wait for.
         with self.collectives.phase():
@@ -277,6 +294,7 @@ class Trainer:
             compute,
             step_s - compute,
             self.spec.train.global_batch * self.spec.model.seq_len,
+            self.probe.seconds() if self.probe else None,
             peak_mem_bytes(self.ctx.device),
             self._expert_load(routing) if routing and self.ctx.rank == 0 else None,
             self.batches.epoch(index),
