@@ -69,7 +69,7 @@ def test_fp32_runs_its_matmuls_on_tf32_unless_the_spec_says_strict(tmp_path, mea
 
     def run(tf32: bool) -> list[dict]:
         raw = {
-            "name": f"gpu-fp32-tf32-{tf32}",
+            "name": "gpu-fp32-tf32" if tf32 else "gpu-fp32-strict",
             "model": {"preset": "1b", "layers": 2},
             "data": {"source": "synthetic", "seed": 7},
             "parallel": {"dp": 1, "precision": "fp32", "tf32": tf32},

@@ -4,19 +4,23 @@ On CUDA the step clock (worker/trainer/timing.py, `CudaClock`) times the step's 
 inside forward and backward that stream waits on NCCL's: FSDP's all-gathers, TP's reductions.
 A synchronous job's ranks wait for the slowest one, so each reports about the same time and a
 slow GPU hides in its peers' waits. The probe runs the same matmul (shape, dtype, values) on
-every rank's device at the start of each step, before the step's first kernel and after the
-previous step's last (its host sync), so no communication is in it: what it measures is the
-device's own throughput. A GPU that is throttled (power, heat), slowed by a fault, or shared
-with another process takes longer, and the controller compares that across ranks
-(controller/health.py, `straggler`).
+every rank's device before each step, when the previous step's sync has left the GPU idle
+and no communication is queued, and times it from launch to completion on the host: a GPU
+that is throttled (power, heat), slowed by a fault, or time-sliced with another process
+takes longer. The controller compares that across ranks (controller/health.py, `straggler`).
+
+Why host time and not CUDA events around the GEMM: measured on an H200 with a second process
+running GEMMs on the same GPU, the events moved from 0.19 to 0.22 ms (a context switch delays
+both of them), while the rank's steps were as slow as the sharing made them.
 
 Chosen over kernel timing without NCCL's kernels (CUPTI, as NVRx does) because it needs no
 profiler hooks and is the same measurement on every rank. The cost: one 4096^3 bf16 GEMM,
-137 GFLOP, about 0.2 ms on an H100 (under 0.5% of a 100 ms step), three 32 MiB buffers, and no
-host sync of its own: its events are read after the step's.
+137 GFLOP, about 0.2 ms on an H100 or H200 (0.2% of a 100 ms step), and three 32 MiB buffers.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -31,18 +35,15 @@ class DeviceProbe:
             for _ in range(2)
         )
         self.out = torch.empty_like(self.a)
-        self._begin = torch.cuda.Event(enable_timing=True)
-        self._end = torch.cuda.Event(enable_timing=True)
-
-    def launch(self) -> None:
-        """Queue the GEMM on the current stream, between two timing events."""
-        self._begin.record()
-        torch.mm(self.a, self.b, out=self.out)
-        self._end.record()
+        self._done = torch.cuda.Event()
 
     def seconds(self) -> float:
-        """The GEMM's device time; call after a host sync that follows `launch` (the step's)."""
-        return self._begin.elapsed_time(self._end) / 1e3
+        """Run the GEMM on the current stream and wait for it: seconds from launch to done."""
+        t0 = time.perf_counter()
+        torch.mm(self.a, self.b, out=self.out)
+        self._done.record()
+        self._done.synchronize()
+        return time.perf_counter() - t0
 
 
 def device_probe(device: torch.device) -> DeviceProbe | None:

@@ -248,9 +248,10 @@ class Trainer:
     def train_step(self, index: int, before_update=lambda: None) -> StepResult:
         """Run step `index` (0-based: `index` steps are done before it); `before_update` runs
         just before parameters change."""
+        # before the step's clock and its first kernel: the GPU is idle since the last step's
+        # sync, and the probe is in neither the step's time nor its compute
+        probe_s = self.probe.seconds() if self.probe else None
         t0 = time.perf_counter()
-        if self.probe:
-            self.probe.launch()  # ahead of the clock's start event: not in the step's compute
         self.clock.start()
         self.collectives.step_boundary()
         if self.prefetch:
@@ -294,7 +295,7 @@ class Trainer:
             compute,
             step_s - compute,
             self.spec.train.global_batch * self.spec.model.seq_len,
-            self.probe.seconds() if self.probe else None,
+            probe_s,
             peak_mem_bytes(self.ctx.device),
             self._expert_load(routing) if routing and self.ctx.rank == 0 else None,
             self.batches.epoch(index),
