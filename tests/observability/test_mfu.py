@@ -45,21 +45,23 @@ def test_mfu_is_each_ranks_share_of_the_global_throughput_over_its_peak():
     assert mfu.mfu(1e6, 1000.0, 4, 1e9) == pytest.approx(0.25)
 
 
-def peak(metrics: AgentMetrics, tmp_path, precision: str) -> float:
+def peak(metrics: AgentMetrics, tmp_path, precision: str, tf32: bool = True) -> float:
     """The MFU denominator the agent's collector uses for a rank running at `precision`."""
-    path = tmp_path / f"{precision}.json"
-    parallel = {"dp": 2, "pp": 1, "tp": 1, "precision": precision}
+    path = tmp_path / f"{precision}-{tf32}.json"
+    parallel = {"dp": 2, "pp": 1, "tp": 1, "precision": precision, "tf32": tf32}
     path.write_text(json.dumps({"model": {"preset": "tiny"}, "parallel": parallel}))
     return _AgentCollector(metrics, lambda: None)._model(path)[2]
 
 
 def test_a_gpu_agent_takes_its_peak_from_the_datasheet_at_each_jobs_precision(tmp_path):
-    """NVML's name for an H100 picks the H100 profile: its bf16 peak for a bf16 job, its fp32
-    peak for an fp32 one; an operator's --peak-flops wins; a CPU keeps its core estimate."""
+    """NVML's name for an H100 picks the H100 profile: its bf16 peak for a bf16 job, its TF32
+    peak for an fp32 one (fp32 matmuls run on TF32 unless tf32 is off), its fp32 peak for a
+    strict fp32 one; an operator's --peak-flops wins; a CPU keeps its core estimate."""
     h100 = H100_80GB.flops
     gpu = AgentMetrics(devices=8, device_name="NVIDIA H100 80GB HBM3")
     assert peak(gpu, tmp_path, "bf16") == h100["bf16"] == 989e12
-    assert peak(gpu, tmp_path, "fp32") == h100["fp32"]
+    assert peak(gpu, tmp_path, "fp32") == h100["tf32"] == 494.7e12
+    assert peak(gpu, tmp_path, "fp32", tf32=False) == h100["fp32"] == 67e12
     assert gpu.peak_flops == h100["bf16"]  # the gauge: the usual training precision's
     told = AgentMetrics(peak_flops=1.5e14, devices=8, device_name="NVIDIA H100 80GB HBM3")
     assert peak(told, tmp_path, "bf16") == 1.5e14
