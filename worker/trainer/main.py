@@ -278,12 +278,13 @@ def run(args: argparse.Namespace) -> int:
     return_freed_memory()  # before the first large tensor (memory.py)
     timeout_s = collective_timeout_s(hang_after_s, torch.cuda.is_available(), stepping=False)
     rank, world, device = init_distributed(timeout_s=timeout_s)
+    world_at = time.time()  # the store met and the world group formed (bench/recovery_scale.py)
     quiesce = True
     try:
         check_world_size(spec, world)
         dims = ParallelDims(spec.parallel, device.type)
         ctx = RankContext(dims, dims.build_mesh(), rank, device)
-        metrics.write({"event": "rendezvous", "rendezvous_at": time.time()})
+        metrics.write({"event": "rendezvous", "rendezvous_at": time.time(), "world_at": world_at})
         # Collective progress for the agent, next to this rank's own metrics file. Only with a
         # per-rank template: without '{rank}' every rank would map the same file and truncate
         # it under the others (SIGBUS, "mmap length is greater than file size"), and no agent
@@ -331,7 +332,8 @@ def run(args: argparse.Namespace) -> int:
         groups = {"world": dist.group.WORLD, **mesh_groups(ctx.mesh)}
         groups.update({"checkpoint": ckpt.group} if ckpt else {})
         groups.update({"snapshot": snaps.group} if snaps else {})
-        metrics.write({"event": "groups", "timeout_s": hold_timeouts(groups, timeout_s)})
+        held = hold_timeouts(groups, timeout_s)
+        metrics.write({"event": "groups", "timeout_s": held, "at": time.time()})
         guard = CorruptionGuard(ReplicaCheck(spec, ctx), trainer, snaps) if checks else None
         flips = (
             BitFlips(
