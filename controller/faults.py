@@ -61,7 +61,11 @@ def decide(ctx: Pass, view: JobView, seen: dict[str, float] | None) -> Decision 
         health.silent_corruption(ranks, ctx.now)
         or health.dead_or_killed(ranks, seen, ft.dead_after_s, ctx.now)
         or aborts.blame_after_aborts(ranks, ctx.now)
-        or (health.hangs(ranks, ft.hang_after_s, ctx.now) if seen is not None else [])
+        or (
+            health.hangs(ranks, ft.hang_after_s, ctx.now, job.spec.model.params)
+            if seen is not None
+            else []
+        )
         or health.collateral_only(ranks, ctx.now, seen)
     )
     if faults:

@@ -227,13 +227,17 @@ def exited(r: RankStatus) -> str:
     return f"trainer exited with code {r.exit_code}" + (f": {last[:300]}" if last else "")
 
 
-def hung(ranks: list[RankStatus], hang_after_s: float, now: float) -> list[FaultRecord]:
+def hung(
+    ranks: list[RankStatus], hang_after_s: float, now: float, params: int
+) -> list[FaultRecord]:
+    """Ranks silent past their bound (services/hang_bounds.py): `params`, the model's size,
+    sets the start-up grace."""
     out = []
     for r in ranks:
         if r.state not in ("starting", "running", "assigned"):
             continue
         since = r.progress_at
-        bound = hang_bound_s(hang_after_s, stepping=r.first_step_at is not None)
+        bound = hang_bound_s(hang_after_s, r.first_step_at is not None, params)
         if since is not None and now - since > bound:
             out.append(
                 fault(
@@ -293,7 +297,9 @@ def busy_while_others_wait(ranks: list[RankStatus]) -> list[RankStatus]:
     return busy if busy and idle and len(busy) + len(idle) == len(live) else []
 
 
-def hangs(ranks: list[RankStatus], hang_after_s: float, now: float) -> list[FaultRecord]:
+def hangs(
+    ranks: list[RankStatus], hang_after_s: float, now: float, params: int
+) -> list[FaultRecord]:
     """Hung ranks, blamed with care: in synchronous training one frozen rank freezes all the
     others (they wait for it in a collective), so progress alone cannot tell which it is.
     - A rank whose process cannot run (stopped, stuck in I/O) is the cause.
@@ -304,7 +310,7 @@ def hangs(ranks: list[RankStatus], hang_after_s: float, now: float) -> list[Faul
       collective stuck after a network blip): restart in place rather than blame everyone.
     - Only some frozen: the others are about to freeze too; blame the frozen ones only if
       the rest still progress after twice the bound (truly independent hangs)."""
-    found = hung(ranks, hang_after_s, now)
+    found = hung(ranks, hang_after_s, now, params)
     if not found:
         return []
     by_rank = {f.rank: f for f in found}

@@ -11,7 +11,7 @@ from services.api import RankStatus
 from services.spec import SpecError, parse_spec
 from worker.progress import Collectives, counters_path, read_counters
 
-NOW, HANG = 1000.0, 10.0
+NOW, HANG, PARAMS = 1000.0, 10.0, 10**9
 
 
 def rank(
@@ -40,7 +40,7 @@ def view(ranks: list[dict]) -> list[RankStatus]:
 
 
 def hangs(ranks: list[dict]):
-    return health.hangs(view(ranks), HANG, NOW)
+    return health.hangs(view(ranks), HANG, NOW, PARAMS)
 
 
 def blamed(ranks):

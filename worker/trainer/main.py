@@ -276,7 +276,9 @@ def run(args: argparse.Namespace) -> int:
     hang_after_s = spec.fault_tolerance.hang_after_s
     io = IoProgress(metrics.write, hang_after_s)
     return_freed_memory()  # before the first large tensor (memory.py)
-    timeout_s = collective_timeout_s(hang_after_s, torch.cuda.is_available(), stepping=False)
+    timeout_s = collective_timeout_s(
+        hang_after_s, torch.cuda.is_available(), stepping=False, params=spec.model.params
+    )
     rank, world, device = init_distributed(timeout_s=timeout_s)
     world_at = time.time()  # the store met and the world group formed (bench/recovery_scale.py)
     quiesce = True
@@ -420,7 +422,9 @@ def run(args: argparse.Namespace) -> int:
                 if record:
                     record.step(r, eval_loss, mfu(flops, r.tokens / r.step_s, world, peak))
                 if r.step == start + 1 and device.type == "cuda":  # the first step is done
-                    steady = collective_timeout_s(hang_after_s, cuda=True, stepping=True)
+                    steady = collective_timeout_s(
+                        hang_after_s, cuda=True, stepping=True, params=spec.model.params
+                    )
                     metrics.write({"event": "groups", "timeout_s": hold_timeouts(groups, steady)})
                 for line in watch.observe(r.step, r.loss, r.grad_norm):
                     metrics.write(line)
