@@ -117,6 +117,11 @@ def silent_corruption(ranks: list[RankStatus], now: float) -> list[FaultRecord]:
             f"re-executing one microbatch gave a different {tensor} on ranks "
             f"{_rank_list(evidence.get('ranks'))} at the spot check of step {at_step}"
         )
+    elif evidence.get("check") == "at_rest":  # worker/trainer/at_rest.py
+        found = (
+            f"{tensor} changed at rest on ranks {_rank_list(evidence.get('ranks'))} after the "
+            f"update of step {at_step}"
+        )
     else:
         found = (
             f"fingerprints of {tensor} disagree between ranks "
@@ -124,13 +129,14 @@ def silent_corruption(ranks: list[RankStatus], now: float) -> list[FaultRecord]:
         )
     rollback = f"rolling back to step {evidence.get('clean_step')}, the newest checked state"
     told = f": {evidence['detail']}" if evidence.get("detail") else ""
+    blamer = "its own state check" if evidence.get("check") == "at_rest" else "re-execution"
     if suspects:
         return [
             fault(
                 "SilentDataCorruption",
                 r,
                 at,
-                f"{found}; re-execution blames rank {r.rank}; {rollback}{told}",
+                f"{found}; {blamer} blames rank {r.rank}; {rollback}{told}",
                 evidence,
             )
             for r in suspects

@@ -324,6 +324,14 @@ class SdcSpec(Strict):
         "smaller value redoes fewer steps after a detection but checks more often (each check "
         "hashes the rank's state and all-gathers one number per tensor).",
     )
+    at_rest: bool = Field(
+        default=True,
+        description="Every rank seals a fingerprint of its own parameter and optimizer-state "
+        "shards after each optimizer step and verifies it before the state is copied or read "
+        "again (worker/trainer/at_rest.py): a bit that flips in memory between steps is found "
+        "in every layout, sharded ones included, and the rank is blamed. Costs two reads of the "
+        "rank's state and two one-number all-reduces per step.",
+    )
     spot_every_steps: int = Field(
         default=100,
         gt=0,

@@ -1,8 +1,9 @@
 """Silent data corruption (docs/architecture.md, "Silent data corruption"): one bit flipped in
-one rank's parameter, gradient or optimizer state is found by the replicas' fingerprint check
-within sdc.every_steps, blamed on that rank by the replay, its worker is quarantined, and the
-job rolls back to the newest checked snapshot and ends with the loss curve of a run that was
-never corrupted."""
+one rank's gradient is found by the replicas' fingerprint check within sdc.every_steps and
+blamed on that rank by the replay; one flipped in its parameters or optimizer state after the
+update is found by its own state-at-rest check within the step, in any layout. Either way its
+worker is quarantined, and the job rolls back to the newest checked snapshot and ends with the
+loss curve of a run that was never corrupted."""
 
 from __future__ import annotations
 
@@ -54,10 +55,13 @@ def test_bit_flip_is_found_blamed_and_rolled_back_to_the_exact_loss(
     want = uninterrupted(spec)  # the reference run never sees `chaos` (tests/launch.py)
     j, rec, ev, culprit = blamed_and_replaced(stack, spec, flip["rank"])
     assert ev["suspects"] == [flip["rank"]], ev
-    assert flip["rank"] in ev["ranks"] and len(ev["ranks"]) == 2, ev  # the rank and its replica
-    # found at the first check after the flip, rolled back to the check before it
     checks = [s for s in range(1, j.steps + 1) if s % CHECK_EVERY == 0 or s % EVERY == 0]
-    assert ev["step"] == min(s for s in checks if s >= flip["step"]), ev
+    if flip["tensor"] == "grad":  # the update itself went wrong: the replicas' comparison
+        assert flip["rank"] in ev["ranks"] and len(ev["ranks"]) == 2, ev  # rank and replica
+        assert ev["step"] == min(s for s in checks if s >= flip["step"]), ev  # the next check
+    else:  # state changed after the update wrote it: the rank's own check, before any copy
+        assert (ev["check"], ev["ranks"], ev["step"]) == ("at_rest", [flip["rank"]], flip["step"])
+    # rolled back to the replicas' check before the flip
     assert ev["clean_step"] == max(s for s in checks if s < flip["step"]), ev
     assert rec.resumed_step == ev["clean_step"], rec
     assert set(rec.restored_from.values()) <= {"memory", "peer"}, rec.restored_from
@@ -83,5 +87,23 @@ def test_compute_fault_is_caught_by_a_spot_check_and_blamed_without_a_rollback(
     assert (ev["ranks"], ev["suspects"]) == ([1], [1]), ev
     assert (ev["step"], ev["clean_step"], rec.resumed_step) == (flip["step"],) * 3, (ev, rec)
     assert "spot check" in ev["detail"], ev
+    assert rec.restored_from[str(flip["rank"])] == "peer", rec.restored_from
+    assert_curve(stack, j, want, exact=True)
+
+
+def test_a_flip_at_rest_under_zero3_is_found_blamed_and_rolled_back_to_the_exact_loss(
+    stack, uninterrupted
+):
+    """dp2 x tp2 at zero 3, the default: no replicas, and a spot check reads the state without
+    checking it. Before the state-at-rest check, this flip (rank 1's parameter, after the
+    update of step 12) was trained on and the job ended Succeeded at another loss. Now rank 1
+    finds it before step 12's snapshot is taken, and the job resumes from step 11's."""
+    spec = mesh_spec("sdc-at-rest", parallel={"dp": 2, "tp": 2, "zero": 3})
+    flip = {"rank": 1, "step": 12, "tensor": "param", "bit": 22}
+    spec["chaos"] = {"bitflip": [flip]}
+    want = uninterrupted(spec)
+    j, rec, ev, _ = blamed_and_replaced(stack, spec, flip["rank"])
+    assert (ev["check"], ev["step"], ev["ranks"], ev["suspects"]) == ("at_rest", 12, [1], [1]), ev
+    assert ev["clean_step"] == rec.resumed_step == 11, (ev, rec)
     assert rec.restored_from[str(flip["rank"])] == "peer", rec.restored_from
     assert_curve(stack, j, want, exact=True)

@@ -87,3 +87,28 @@ def test_fp32_runs_its_matmuls_on_tf32_unless_the_spec_says_strict(tmp_path, mea
     assert tf32[0]["loss"] != strict[0]["loss"]  # TF32's rounding is in the first forward
     assert abs(tf32[0]["loss"] - strict[0]["loss"]) < 1e-2  # and only its rounding
     assert step["strict"] > 1.2 * step["tf32"], step
+
+
+def test_the_state_at_rest_check_costs_a_small_part_of_a_step(tmp_path, measured):
+    """The same 1b-shaped bf16 job with and without `sdc.at_rest` (worker/trainer/at_rest.py:
+    two reads of the rank's whole state and two one-flag all-reduces per step, between the
+    steps): the median time from one step record to the next, which holds everything a step
+    costs, checks included."""
+
+    def gap(at_rest: bool) -> float:
+        raw = {
+            "name": "gpu-at-rest" if at_rest else "gpu-unchecked",
+            "model": {"preset": "1b", "layers": 2},
+            "data": {"source": "synthetic", "seed": 7},
+            "parallel": {"dp": 1, "precision": "bf16"},
+            "train": {"steps": 12, "global_batch": 4, "lr": 3e-4, "warmup_steps": 2},
+            "sdc": {"at_rest": at_rest},
+        }
+        times = [r["time"] for r in train(raw, tmp_path / raw["name"], timeout=400)[3:]]
+        return statistics.median(b - a for a, b in zip(times[:-1], times[1:], strict=True))
+
+    checked, unchecked = gap(True), gap(False)
+    measured("trainer_1b2l_bf16_gap_s_at_rest", checked)
+    measured("trainer_1b2l_bf16_gap_s_unchecked", unchecked)
+    measured("at_rest_overhead", checked / unchecked - 1)
+    assert checked < 1.5 * unchecked, (checked, unchecked)  # sanity only; the figure is reported

@@ -36,6 +36,7 @@ from worker.mfu import default_peak_flops, device_peak_flops, flops_per_token, m
 from worker.progress import Collectives, counters_path
 from worker.snapshots import SnapshotPlan
 from worker.trainer.anomaly import AnomalyWatch
+from worker.trainer.at_rest import AtRestCheck
 from worker.trainer.chaos import BitFlips, DeviceOoms, StepFloor
 from worker.trainer.checkpoint import Checkpointer, restored_line
 from worker.trainer.distributed import hold_timeouts, init_distributed, shutdown_distributed
@@ -222,18 +223,24 @@ def corrupted(
 
 def sdc_line(spec: JobSpec, replicas: bool, spot: bool) -> str:
     """What this layout checks for silent data corruption, for the job's log."""
+    at_rest = spec.sdc.at_rest
+    rest = "; each rank verifies its own state at rest between steps" if at_rest else ""
     if replicas:
-        return f"DP replicas compare state fingerprints every {spec.sdc.every_steps} steps"
+        return f"DP replicas compare state fingerprints every {spec.sdc.every_steps} steps{rest}"
     if spot:
         return (
             f"no DP replicas with identical state: every {spec.sdc.spot_every_steps} steps each "
-            "rank re-executes "
-            "one microbatch and compares the results bitwise (spot check)"
+            "rank re-executes one microbatch and compares the results bitwise (spot check)" + rest
         )
     return (
         f"no DP replicas with identical state, and pipeline layouts (pp {spec.parallel.pp}) run "
         "no spot checks (one microbatch cannot run through a schedule built for "
-        f"{spec.parallel.microbatches}): silent data corruption is not checked"
+        f"{spec.parallel.microbatches}): "
+        + (
+            "only state at rest is checked, each rank its own between steps"
+            if at_rest
+            else "silent data corruption is not checked"
+        )
     )
 
 
@@ -357,6 +364,7 @@ def run(args: argparse.Namespace) -> int:
         paced = spec.chaos is not None and spec.chaos.min_step_s is not None
         pace = StepFloor(spec.chaos.min_step_s) if paced else None
         spot = SpotCheck(spec, trainer, flips) if SpotCheck.applies(spec) else None
+        at_rest = AtRestCheck(trainer) if spec.sdc.enabled and spec.sdc.at_rest else None
         if spec.sdc.enabled:
             say(f"[meshkeeper] sdc: {sdc_line(spec, checks, spot is not None)}", flush=True)
         watch = AnomalyWatch(spec.sdc.anomaly_window, spec.sdc.anomaly_z)
@@ -383,6 +391,8 @@ def run(args: argparse.Namespace) -> int:
             so a fault before the first periodic snapshot still restores from memory. A spot
             check runs after the snapshot: it vouches for that state (it never changes it), so
             its failure rolls back to `step` itself."""
+            if at_rest:  # before anything copies the state
+                at_rest.verify(before_copy=True, checked_step=guard.clean_step if guard else None)
             if checked and guard:
                 guard.verify(step)
             if snaps:
@@ -400,10 +410,18 @@ def run(args: argparse.Namespace) -> int:
                 spot.verify(step)
 
         try:
+            if at_rest:
+                at_rest.seal(start)
             if start < steps:
                 settle(start, checked=True)
             for index in range(start, steps):
+                if at_rest and index > start:  # settle(start) has just verified the start
+                    at_rest.verify(
+                        before_copy=False, checked_step=guard.clean_step if guard else None
+                    )
                 r = trainer.train_step(index, before_update=lambda s=index + 1: before_update(s))
+                if at_rest:  # as the update wrote it, before anything else runs
+                    at_rest.seal(r.step)
                 if flips:
                     flips.after_step(r.step)
                 if guard:
