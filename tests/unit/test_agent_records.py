@@ -9,6 +9,7 @@ import logging
 from services.records import RankReport, StepRecord
 from worker.agent.metrics_tail import (
     CheckpointCommitted,
+    CorruptionFound,
     MetricsTail,
     Milestone,
     OtherEvent,
@@ -165,3 +166,14 @@ def test_a_gpu_ranks_straggler_window_holds_its_device_probe_not_its_step_clock(
     f = p.fields()
     assert (f["compute_s"], f["compute_min"], f["window_n"]) == (0.9, 0.0004, 3)
     assert abs(f["compute_avg"] - 0.0005) < 1e-12
+
+
+def test_a_corruption_report_keeps_which_check_found_it():
+    """The controller words its fault by the check (controller/health.py): the agent must pass
+    `check` on, not drop it as an unknown field."""
+    p = RankProgress(started_at=100.0)
+    line = {"event": "sdc", "check": "at_rest", "step": 6, "clean_step": 5, "tensor": "w"}
+    p.absorb(
+        CorruptionFound(**line, ranks=[1], suspects=[1], detail="moved"), now=104.0, offset=0.0
+    )
+    assert p.fields()["sdc"]["check"] == "at_rest"

@@ -57,10 +57,13 @@ class SnapshotTaken(Record):
 
 
 class CorruptionFound(Record):
-    """DP replicas' fingerprints disagreed (worker/trainer/sdc.py): the evidence every rank of
-    the world reports before it exits with code 4 (RankReport.sdc)."""
+    """A corruption check failed: the evidence every rank of the world reports before it exits
+    with code 4 (RankReport.sdc)."""
 
     event: Literal["sdc"]
+    # which check: None for the replicas' fingerprints (worker/trainer/sdc.py), "spot" for a
+    # re-execution spot check, "at_rest" for a rank's own state check (at_rest.py)
+    check: Literal["spot", "at_rest"] | None = None
     step: int  # the check that found it
     clean_step: int | None  # the newest checked step: what a recovery rolls back to
     tensor: str
