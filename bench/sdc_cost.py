@@ -1,8 +1,10 @@
 """What silent-data-corruption checks cost in steady state, and whether a clean run ever
 raises one (docs/architecture.md, "Silent data corruption").
 
-The same dp=2 job trained under torchrun twice per round: `sdc.enabled: false`, and the
-checks at their default interval. At zero 0 (DP replicas with identical state) that is a
+The same dp=2 job trained under torchrun three times per round: `sdc.enabled: false`, the
+checks at their default interval without the state-at-rest check (`sdc.at_rest: false`), and
+with it (the default: each rank seals and verifies its own state between every two steps,
+worker/trainer/at_rest.py). At zero 0 (DP replicas with identical state) that is a
 parameter fingerprint every step for the replay and every state tensor's fingerprint compared
 across the replicas every `sdc.every_steps`; at `--zero 2` or `3` (no replicas) a re-execution
 spot check every `sdc.spot_every_steps` (worker/trainer/spot_check.py). Rounds alternate so drift
@@ -16,6 +18,7 @@ every `spot_every_steps`, which a median never sees.
 Summary lines (stable):
     `sdc checks / none (<preset>): X.XXx (median step time)`                  (zero 0)
     `sdc spot checks / none (<preset>, zero Z): X.XXx (mean step time)`       (zero 2, 3)
+    `sdc at-rest / checks without it (<preset>, zero Z): X.XXXx (median step time)`
     `sdc false positives (<preset>): N in C checks over S clean steps`
 """
 
@@ -37,14 +40,14 @@ from services.spec import SdcSpec  # noqa: E402
 WARMUP = 3
 
 
-def job(preset: str, steps: int, checks: bool, zero: int) -> dict:
+def job(preset: str, steps: int, checks: bool, zero: int, at_rest: bool = True) -> dict:
     return {
         "name": "bench-sdc",
         "model": {"preset": preset},
         "data": {"source": "synthetic", "seed": 7},
         "parallel": {"dp": 2, "zero": zero},
         "train": {"steps": steps, "global_batch": 16, "lr": 1e-3, "warmup_steps": 2},
-        "sdc": {"enabled": checks},
+        "sdc": {"enabled": checks, "at_rest": at_rest},
     }
 
 
@@ -74,13 +77,15 @@ def main() -> None:
     )
     a = ap.parse_args()
     every = SdcSpec().spot_every_steps if a.zero else SdcSpec().every_steps
-    none, checked, found = [], [], 0
+    none, unsealed, checked, found = [], [], [], 0
     for i in range(a.rounds):
         none += run(job(a.preset, a.steps, False, a.zero))[0]
+        unsealed += run(job(a.preset, a.steps, True, a.zero, at_rest=False))[0]
         gaps, n = run(job(a.preset, a.steps, True, a.zero))
         checked, found = checked + gaps, found + n
         print(
             f"  round {i + 1}: none {statistics.median(none) * 1e3:.2f} ms, "
+            f"checks without at-rest {statistics.median(unsealed) * 1e3:.2f} ms, "
             f"checks {statistics.median(checked) * 1e3:.2f} ms (median)",
             flush=True,
         )
@@ -97,6 +102,11 @@ def main() -> None:
         )
     else:
         print(f"sdc checks / none ({a.preset}): {m1 / m0:.3f}x (median step time)")
+    mu = statistics.median(unsealed)
+    print(
+        f"sdc at-rest / checks without it ({a.preset}, zero {a.zero}): {m1 / mu:.3f}x "
+        "(median step time)"
+    )
     # spot checks skip the last step (nothing left to protect)
     n_checks = a.rounds * ((a.steps - 1) // every if a.zero else a.steps // every)
     print(
