@@ -5,7 +5,7 @@ architecture needs is there with its shape and a floating dtype, and nothing is 
 from the safetensors headers alone, before any step. Then it reads, one tensor at a time,
 only the tensors of the parameters it holds: a tensor is read whole (safetensors maps the
 file, so only its pages are touched), converted (`llama.from_hf`), and only this rank's
-shard of it is kept (`worker/trainer/model.py`, `local_shard`). No rank holds more than its
+shard of it is kept (`worker/trainer/shards.py`, `local_shard`). No rank holds more than its
 shards plus one full tensor and its fp32 copy.
 """
 
@@ -22,7 +22,8 @@ from torch.distributed.tensor import DTensor
 
 from services.model_spec import ModelSpec
 from worker.hf import llama
-from worker.trainer.model import Transformer, local_shard
+from worker.trainer.model import Transformer
+from worker.trainer.shards import local_shard
 
 INDEX = "model.safetensors.index.json"
 FLOATS = ("F64", "F32", "F16", "BF16")

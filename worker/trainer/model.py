@@ -22,9 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor
 
 from services.spec import ModelSpec
+from worker.trainer.init_rng import fill_normal
 from worker.trainer.moe import MoE
 
 
@@ -153,24 +154,21 @@ class Transformer(nn.Module):
         return self.head(h) if self.head is not None else h
 
     @torch.no_grad()
+    @torch.no_grad()
     def init_weights(self, seed: int) -> None:
         """Write every parameter this rank holds (a whole tensor or its DTensor shard) and the
-        RoPE tables. Each full parameter is generated on CPU, one at a time, from its own
-        generator (`param_seed`), and only this rank's shard of it is kept: no rank holds
-        more than its shards plus one parameter-sized buffer."""
+        RoPE tables. Each element's value is a function of (`param_seed`, its index in the full
+        parameter), and a rank computes only the elements it holds (worker/trainer/init_rng.py):
+        every layout holds what one process would, with no full parameter on any rank."""
         std = 0.02
         out_std = std / math.sqrt(2 * self.cfg.layers)  # GPT-2 style residual scaling
         for name, p in self.named_parameters():
             name = name.replace(_CHECKPOINT_PREFIX, "")  # the unwrapped model's name
-            if p.dim() == 1:
-                full = torch.ones(p.shape)  # RMSNorm gains
-            else:
-                resid_out = name.endswith(("attn.o.weight", "mlp.down.weight", "experts.w_down"))
-                g = torch.Generator().manual_seed(param_seed(seed, name))
-                full = torch.randn(p.shape, generator=g).mul_(out_std if resid_out else std)
-            local = p.to_local() if isinstance(p, DTensor) else p
-            local.copy_(local_shard(full.to(local.device), p))
-            del full
+            if p.dim() == 1:  # RMSNorm gains
+                (p.to_local() if isinstance(p, DTensor) else p).fill_(1.0)
+                continue
+            resid_out = name.endswith(("attn.o.weight", "mlp.down.weight", "experts.w_down"))
+            fill_normal(p, param_seed(seed, name), out_std if resid_out else std)
         self.init_buffers()
 
     @torch.no_grad()
@@ -186,16 +184,6 @@ def param_seed(seed: int, name: str) -> int:
     (Python's hash() is salted per process)."""
     digest = hashlib.sha256(f"{seed}/{name}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1  # manual_seed takes < 2**63
-
-
-def local_shard(full: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """This rank's piece of `full` as laid out in `p`: redistributing a replicated DTensor to
-    p's placements (TP Shard, FSDP's Shard or _StridedShard over TP) only slices locally."""
-    if not isinstance(p, DTensor):
-        return full
-    mesh = p.device_mesh
-    whole = DTensor.from_local(full, mesh, [Replicate()] * mesh.ndim, run_check=False)
-    return whole.redistribute(mesh, p.placements).to_local()
 
 
 def build_model(cfg: ModelSpec, seed: int, device: str | torch.device = "cpu") -> Transformer:

@@ -1,0 +1,95 @@
+"""Per-shard initial weights (worker/trainer/init_rng.py): at four layouts on four real gloo
+ranks (dp4 at zero 3: FSDP's Shard(0); tp4: TP's column and row shards and the vocabulary
+shards; dp2 x tp2 at zero 3: FSDP's _StridedShard over TP; a mixture of experts at dp4 ep2:
+the experts' 3-d weights split over ep), every rank's shard of every
+parameter equals, bit for bit, that shard of the whole model one process initialises. And the
+values are a standard normal: their moments over a large tensor, and no two parameters alike.
+
+The rank side is this module's `__main__`: four ranks under tests/rankrun.py print one JSON
+line each per layout.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.launch import run_ranks, scenario_lines
+
+LAYOUTS = {  # name: (parallel, model)
+    "dp4-zero3": ({"dp": 4, "zero": 3}, {}),
+    "tp4": ({"dp": 1, "tp": 4}, {}),
+    "dp2-tp2-zero3": ({"dp": 2, "tp": 2, "zero": 3}, {}),
+    "moe-dp4-ep2": ({"dp": 4, "ep": 2, "zero": 3}, {"experts": 4, "top_k": 2}),
+}
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, list[dict]]:
+    proc = run_ranks(4, "tests.unit.test_shard_init", timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = scenario_lines(proc)
+    assert sorted(out) == sorted(LAYOUTS), proc.stdout[-2000:]
+    return out
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_every_shard_equals_the_single_process_init(results, layout):
+    rows = results[layout]
+    assert len(rows) == 4
+    for r in rows:
+        assert r["sharded"], r  # the layout did shard something on this rank
+        assert r["differing"] == [], r
+
+
+def test_the_values_are_a_standard_normal_and_each_parameter_its_own():
+    import torch
+
+    from worker.trainer.init_rng import fill_normal
+    from worker.trainer.model import param_seed
+
+    big = torch.empty(1024, 1024)
+    fill_normal(big, param_seed(0, "layers.0.mlp.up.weight"), 1.0)
+    x = big.double().flatten()
+    assert abs(float(x.mean())) < 5e-3 and abs(float(x.std()) - 1) < 5e-3
+    assert abs(float((x**4).mean()) - 3) < 0.05  # a normal's kurtosis, not a uniform's 1.8
+    other = torch.empty(1024, 1024)
+    fill_normal(other, param_seed(0, "layers.0.mlp.down.weight"), 1.0)
+    assert abs(float(torch.corrcoef(torch.stack([big.flatten(), other.flatten()]))[0, 1])) < 5e-3
+
+
+# -- the rank side -----------------------------------------------------------------------
+def _main() -> None:
+    import torch
+
+    from services.spec import parse_spec
+    from tests.stack import tiny_spec
+    from worker.trainer.distributed import init_distributed, shutdown_distributed
+    from worker.trainer.model import build_model
+    from worker.trainer.parallel import ParallelDims, RankContext
+    from worker.trainer.shards import local_shard
+    from worker.trainer.step import Trainer
+
+    torch.set_num_threads(1)
+    rank, _, device = init_distributed(timeout_s=60)
+    try:
+        for name, (parallel, model) in LAYOUTS.items():
+            spec = parse_spec(tiny_spec(name, parallel=parallel, model=model))
+            whole = dict(build_model(spec.model, spec.train.seed, "cpu").named_parameters())
+            dims = ParallelDims(spec.parallel, device.type)
+            trainer = Trainer(spec, RankContext(dims, dims.build_mesh(), rank, device))
+            differing, sharded = [], False
+            for pname, p in trainer.parts[0].named_parameters():
+                local = p.to_local()
+                sharded = sharded or local.shape != p.shape
+                if not torch.equal(local, local_shard(whole[pname].detach(), p)):
+                    differing.append(pname)
+            line = {"scenario": name, "rank": rank, "differing": differing, "sharded": sharded}
+            print(json.dumps(line), flush=True)
+    finally:
+        shutdown_distributed()
+
+
+if __name__ == "__main__":
+    _main()
