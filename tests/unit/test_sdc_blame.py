@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from worker.trainer.anomaly import AnomalyWatch
@@ -15,13 +16,24 @@ from worker.trainer.sdc import blame, disagreement, fingerprint
 NAMES = ["a", "b", "c"]
 
 
-def test_one_flipped_bit_always_changes_the_fingerprint():
-    t = torch.randn(1000)
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.randn(1000),  # read as 8-byte words
+        lambda: torch.randn(999),  # an odd size: as 4-byte words
+        lambda: torch.randn(1001)[1:],  # 8-byte size at an offset of 4 bytes: 4-byte words
+        lambda: torch.randn(1000).bfloat16(),
+    ],
+    ids=["fp32-even", "fp32-odd", "fp32-offset", "bf16"],
+)
+def test_one_flipped_bit_always_changes_the_fingerprint(make):
+    t = make()
     before = fingerprint([("t", t)])
-    for bit in (0, 22, 30, 31):
+    word = torch.int32 if t.element_size() == 4 else torch.int16
+    for bit in (0, 7, 13) if word == torch.int16 else (0, 22, 30, 31):
         u = t.clone()
         flip_bit(u, bit)
-        assert int((u.view(torch.int32) != t.view(torch.int32)).sum()) == 1
+        assert int((u.view(word) != t.view(word)).sum()) == 1
         assert fingerprint([("t", u)]) != before, bit
 
 

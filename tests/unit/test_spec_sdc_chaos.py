@@ -129,7 +129,11 @@ def test_bit_flips_need_a_fixed_layout():
         ({"anomaly_window": 7}, "sdc.anomaly_window", "greater than or equal to 8"),
         ({"anomaly_z": 0}, "sdc.anomaly_z", "greater than 0"),
         ({"enabled": "yes"}, "sdc.enabled", "true or false"),
-        ({"every": 5}, "sdc.every", "valid: anomaly_window, anomaly_z, at_rest, enabled, every_steps"),
+        (
+            {"every": 5},
+            "sdc.every",
+            "valid: anomaly_window, anomaly_z, at_rest, enabled, every_steps",
+        ),
     ],
 )
 def test_bad_sdc_settings_name_their_field(sdc, field, fix):

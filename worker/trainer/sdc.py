@@ -61,9 +61,23 @@ def state_tensors(
 
 @torch.no_grad()
 def fingerprint(tensors: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
-    """int64 per tensor: the wrapping sum of its machine words read as integers."""
-    sums = [t.reshape(-1).view(_WORD[t.element_size()]).sum(dtype=torch.int64) for _, t in tensors]
-    return torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64)
+    """int64 per tensor: the wrapping sum of its bytes read as 64-bit words (one flipped bit
+    moves it by a power of two, modulo 2^64: never zero). Eight-byte words where the tensor's
+    size allows, because a narrower word summed into int64 is first cast to a widened copy
+    of the whole tensor (measured 18x slower on CPU, and on a GPU a third of a short step);
+    its own width otherwise."""
+    return (
+        torch.stack([_word_sum(t) for _, t in tensors])
+        if tensors
+        else torch.zeros(0, dtype=torch.int64)
+    )
+
+
+def _word_sum(t: torch.Tensor) -> torch.Tensor:
+    flat, size = t.reshape(-1), t.element_size()
+    if flat.numel() * size % 8 == 0 and flat.storage_offset() * size % 8 == 0:
+        return flat.view(torch.int64).sum()
+    return flat.view(_WORD[size]).sum(dtype=torch.int64)
 
 
 @dataclass(frozen=True)
