@@ -329,8 +329,8 @@ class SdcSpec(Strict):
         description="Every rank seals a fingerprint of its own parameter and optimizer-state "
         "shards after each optimizer step and verifies it before the state is copied or read "
         "again (worker/trainer/at_rest.py): a bit that flips in memory between steps is found "
-        "in every layout, sharded ones included, and the rank is blamed. Costs two reads of the "
-        "rank's state and two one-number all-reduces per step.",
+        "in every layout, sharded ones included, and the rank is blamed. Costs three reads of "
+        "the rank's state and one one-number all-reduce per step.",
     )
     spot_every_steps: int = Field(
         default=100,

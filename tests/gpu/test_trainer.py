@@ -91,7 +91,7 @@ def test_fp32_runs_its_matmuls_on_tf32_unless_the_spec_says_strict(tmp_path, mea
 
 def test_the_state_at_rest_check_costs_a_small_part_of_a_step(tmp_path, measured):
     """The same 1b-shaped bf16 job with and without `sdc.at_rest` (worker/trainer/at_rest.py:
-    two reads of the rank's whole state and two one-flag all-reduces per step, between the
+    three reads of the rank's whole state and one one-flag all-reduce per step, between the
     steps): the median time from one step record to the next, which holds everything a step
     costs, checks included."""
 

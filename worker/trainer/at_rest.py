@@ -10,10 +10,14 @@ dp2 x tp2 job at zero 3 with one flipped parameter bit ended Succeeded, at a dif
 
 Every rank seals its own shards after each optimizer step (the same word sum as the replica
 check's fingerprint, no collective) and verifies them twice before the next step reads them:
-before the step's snapshot and checkpoint copy it, and when the next step begins (after a
-save's staging and anything else between steps). The verdict is a world all-reduce of one
-flag, so every rank stops together with the same evidence, as the other checks do. The rank
-whose own state changed is the one blamed: nothing but its memory wrote it.
+- before the step's snapshot and checkpoint copy it, where the verdict is a world all-reduce
+  of one flag, so every rank stops together with the same evidence, as the other checks do,
+  and no copy of a corrupted state is ever taken;
+- when the next step begins (after the copies, a save's staging, anything else between
+  steps), alone: the rank that finds its state moved raises by itself, and its peers fail in
+  the step's first collective with it gone. A second collective every step would cost more
+  than this rare case saves (measured on CPU: a few ms a step on a loaded host).
+The rank whose own state changed is the one blamed: nothing but its memory wrote it.
 """
 
 from __future__ import annotations
@@ -39,31 +43,44 @@ class AtRestCheck:
         """Right after the update of `step` (or the restore of it): the state as written."""
         self.sealed_step, self.seal_fp = step, fingerprint(self._state())
 
-    def verify(self, before_copy: bool, checked_step: int | None) -> None:
-        """Every rank at the same point; raises SilentCorruption on every rank when any rank's
-        state changed since its seal. `before_copy`: the sealed step's snapshot and checkpoint
-        are not taken yet, so the newest clean state is the step before it. `checked_step`: the
-        newest step the replica check vouched for, where there is one: a rollback never goes
-        past it."""
+    def _changed(self) -> str | None:
+        """The first state tensor whose fingerprint moved since the seal; None: none did."""
         tensors = self._state()
         now = fingerprint(tensors)
-        differs = (now != self.seal_fp).nonzero() if now.shape == self.seal_fp.shape else None
-        changed = None
-        if differs is None:  # state tensors appeared or vanished: a structure, not a flip
-            changed = "the set of state tensors"
-        elif differs.numel():
-            changed = tensors[int(differs[0])][0]
-        device = self.trainer.ctx.device
-        flag = torch.tensor([int(changed is not None)], device=device)
+        if now.shape != self.seal_fp.shape:  # tensors appeared or vanished: not a flip
+            return "the set of state tensors"
+        differs = (now != self.seal_fp).nonzero()
+        return tensors[int(differs[0])][0] if differs.numel() else None
+
+    def _clean(self, before_copy: bool, checked_step: int | None) -> int:
+        """The newest clean step: before the sealed step's copies were taken, the step before
+        it; after them, the sealed step (its copies were verified). Never past the replica
+        check's newest checked step, where there is one."""
+        clean = self.sealed_step - 1 if before_copy else self.sealed_step
+        return clean if checked_step is None else min(clean, checked_step)
+
+    def verify(self, checked_step: int | None) -> None:
+        """Every rank, before the sealed step's copies are taken: raises SilentCorruption on
+        every rank, with the same evidence, when any rank's state changed since its seal.
+        `checked_step`: the replica check's newest checked step, where it runs."""
+        changed = self._changed()
+        flag = torch.tensor([int(changed is not None)], device=self.trainer.ctx.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if not int(flag):
             return
         reports: list = [None] * dist.get_world_size()
         dist.all_gather_object(reports, {"rank": self.trainer.ctx.rank, "changed": changed})
-        clean = self.sealed_step - 1 if before_copy else self.sealed_step
-        if checked_step is not None:
-            clean = min(clean, checked_step)
+        clean = self._clean(before_copy=True, checked_step=checked_step)
         raise SilentCorruption(evidence(self.sealed_step, clean, reports))
+
+    def verify_here(self, checked_step: int | None) -> None:
+        """This rank alone, before the next step reads the state: raises SilentCorruption
+        when its own state changed since the seal."""
+        changed = self._changed()
+        if changed is not None:
+            report = {"rank": self.trainer.ctx.rank, "changed": changed}
+            clean = self._clean(before_copy=False, checked_step=checked_step)
+            raise SilentCorruption(evidence(self.sealed_step, clean, [report]))
 
 
 def evidence(step: int, clean_step: int, reports: list[dict]) -> dict:

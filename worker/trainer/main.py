@@ -392,7 +392,7 @@ def run(args: argparse.Namespace) -> int:
             check runs after the snapshot: it vouches for that state (it never changes it), so
             its failure rolls back to `step` itself."""
             if at_rest:  # before anything copies the state
-                at_rest.verify(before_copy=True, checked_step=guard.clean_step if guard else None)
+                at_rest.verify(checked_step=guard.clean_step if guard else None)
             if checked and guard:
                 guard.verify(step)
             if snaps:
@@ -416,9 +416,7 @@ def run(args: argparse.Namespace) -> int:
                 settle(start, checked=True)
             for index in range(start, steps):
                 if at_rest and index > start:  # settle(start) has just verified the start
-                    at_rest.verify(
-                        before_copy=False, checked_step=guard.clean_step if guard else None
-                    )
+                    at_rest.verify_here(checked_step=guard.clean_step if guard else None)
                 r = trainer.train_step(index, before_update=lambda s=index + 1: before_update(s))
                 if at_rest:  # as the update wrote it, before anything else runs
                     at_rest.seal(r.step)
