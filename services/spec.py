@@ -366,12 +366,13 @@ class BitFlip(Strict):
         description="The step at which the bit is flipped (<= train.steps; steps are counted "
         'as completed optimizer steps, docs/architecture.md, "Records").',
     )
-    tensor: Literal["param", "grad", "optim", "compute"] = Field(
+    tensor: Literal["param", "grad", "optim", "compute", "idle"] = Field(
         description="Which state of the rank: a parameter, a gradient (before the optimizer "
-        "step) or an optimizer state tensor; or `compute`, a transient compute fault: one bit "
-        "of one activation flipped in the rank's first re-execution spot-check pass at `step` "
-        "(a multiple of sdc.every_steps, on a layout that runs spot checks: no DP replicas, "
-        "pp 1)."
+        "step) or an optimizer state tensor; `idle`, a parameter again but after the step's "
+        "snapshot and checkpoint copies, while the rank is between steps; or `compute`, a "
+        "transient compute fault: one bit of one activation flipped in the rank's first "
+        "re-execution spot-check pass at `step` (a multiple of sdc.every_steps, on a layout "
+        "that runs spot checks: no DP replicas, pp 1)."
     )
     bit: int = Field(
         default=30,

@@ -107,3 +107,20 @@ def test_a_flip_at_rest_under_zero3_is_found_blamed_and_rolled_back_to_the_exact
     assert ev["clean_step"] == rec.resumed_step == 11, (ev, rec)
     assert rec.restored_from[str(flip["rank"])] == "peer", rec.restored_from
     assert_curve(stack, j, want, exact=True)
+
+
+def test_a_flip_between_steps_is_found_by_its_rank_alone_and_its_peers_are_collateral(
+    stack, uninterrupted
+):
+    """The flip lands after step 6's snapshot and checkpoint copies were verified and taken
+    (`idle`). Rank 1's own check finds it when step 7 begins, with no collective: rank 1
+    exits with the evidence, its peer fails in step 7's first collective, and only rank 1 is
+    blamed. Step 6's copies were clean, so the job resumes from step 6 itself."""
+    spec = mesh_spec("sdc-idle", parallel={"dp": 2, "zero": 3})
+    flip = {"rank": 1, "step": 6, "tensor": "idle", "bit": 22}
+    spec["chaos"] = {"bitflip": [flip]}
+    want = uninterrupted(spec)
+    j, rec, ev, _ = blamed_and_replaced(stack, spec, flip["rank"])
+    assert (ev["check"], ev["step"], ev["ranks"], ev["suspects"]) == ("at_rest", 6, [1], [1]), ev
+    assert ev["clean_step"] == rec.resumed_step == 6, (ev, rec)
+    assert_curve(stack, j, want, exact=True)

@@ -63,7 +63,7 @@ def test_a_step_beyond_train_steps_is_named_with_the_fix():
         (
             {"rank": 0, "step": 1, "tensor": "weights"},
             "chaos.bitflip[0].tensor",
-            "'param', 'grad', 'optim' or 'compute'",
+            "'param', 'grad', 'optim', 'compute' or 'idle'",
         ),
         (
             {"rank": 0, "step": 0, "tensor": "grad"},

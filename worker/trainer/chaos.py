@@ -6,7 +6,8 @@ A flip fires in the job's first generation only (generation 1, or 0 for a standa
 a recovery replays the step it hit, and a flip that fired again would never let the job pass
 it. The flipped element is the first of this rank's largest parameter (its local shard), of
 that parameter's gradient (after the reduction, just before the optimizer step: every replica
-but this one applies the right update), or of its optimizer's first moment. A `compute` flip
+but this one applies the right update), or of its optimizer's first moment; `idle` flips the
+parameter again, but after the step's snapshot and checkpoint copies. A `compute` flip
 is no state at all: the spot check (worker/trainer/spot_check.py) asks `compute_fault` and
 flips one activation of its first pass, as a transient fault in the device's arithmetic would.
 
@@ -73,6 +74,11 @@ class BitFlips:
             self._flip(f, self.param.detach(), self.name)
         for f in self._due(step, "optim"):
             self._flip(f, self.opt.state[self.param]["exp_avg"], f"{self.name} (exp_avg)")
+
+    def between_steps(self, step: int) -> None:
+        """After step `step`'s snapshot and checkpoint copies, before the next step."""
+        for f in self._due(step, "idle"):
+            self._flip(f, self.param.detach(), self.name)
 
     def compute_fault(self, step: int) -> int | None:
         """The bit a `compute` flip at `step` flips in the spot check's first pass, once (None:

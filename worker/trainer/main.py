@@ -470,6 +470,8 @@ def run(args: argparse.Namespace) -> int:
                     if save:
                         with io.phase("save", r.step):
                             ckpt.save(r.step)
+                if flips:
+                    flips.between_steps(r.step)
                 if pace:
                     pace.wait()
                 if stopped:
