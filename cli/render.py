@@ -124,6 +124,13 @@ def job_detail(j: api.JobStatus) -> Group:
     if j.last_checkpoint:
         c = j.last_checkpoint
         out.append(Text(f"  last checkpoint: step {c.step} at {c.path}"))
+    if j.export:
+        e = j.export
+        if e.error:
+            out.append(Text(f"  export to {e.path} FAILED: {e.error}", style="red"))
+        else:
+            size = f", {e.bytes / 1e9:.2f} GB" if e.bytes is not None else ""
+            out.append(Text(f"  exported (Hugging Face): step {e.step} to {e.path}{size}"))
     if j.straggler:
         s = j.straggler
         out.append(

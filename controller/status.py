@@ -84,6 +84,7 @@ def job_status(store: Store, job: Job, alive_within_s: float) -> api.JobStatus:
             if ckpt.get("step")
             else None
         ),
+        export=next((r.export for r in ranks if r.export), None),
         suspend_requested=job.suspend_requested,
         recoveries=job.recoveries,
         # a flag from an earlier generation is history: that world is gone

@@ -7,7 +7,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.records import HistoryPoint, RankReport, RecoveryRecord, StragglerFlag
+from services.records import (
+    ExportReport,
+    HistoryPoint,
+    RankReport,
+    RecoveryRecord,
+    StragglerFlag,
+)
 
 
 class Doc(BaseModel):
@@ -109,6 +115,8 @@ class JobStatus(JobSummary):
     eta_s: float | None = None
     started_at: float | None = None
     last_checkpoint: Checkpoint | None = None
+    # checkpoint.export_hf: the final checkpoint as a Hugging Face directory, or why not
+    export: ExportReport | None = None
     # asked to suspend (POST .../suspend) and not resumed since: while Running it is stopping
     suspend_requested: bool = False
     mesh: Mesh

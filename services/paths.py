@@ -1,4 +1,5 @@
-"""Paths a job spec names (`data.source`, `model.hf`, `checkpoint.root`), confined to roots.
+"""Paths a job spec names (`data.source`, `model.hf`, `checkpoint.root` and `.export_hf`),
+confined to roots.
 
 A path is taken only when it is absolute, has no `..`, lies under one of the configured
 roots, and no component on the way is a symlink whose target leaves that root. Whatever the
@@ -87,10 +88,10 @@ def _walk(root: Path, parts: tuple[str, ...], must_exist: bool, refused: PathRef
 def confine_spec(
     spec: dict, data_roots: Sequence[Path], checkpoint_roots: Sequence[Path], *, on_host: bool
 ) -> dict:
-    """The spec (JSON form) with `model.hf`, `data.source` and `checkpoint.root` checked
-    against the roots; `on_host` (the agent): the model directory and the data file must
-    exist, and all come back resolved. SpecError
-    names each refused field and its fix."""
+    """The spec (JSON form) with `model.hf`, `data.source`, `checkpoint.root` and
+    `checkpoint.export_hf` checked against the roots; `on_host` (the agent): the model
+    directory and the data file must exist, and all come back resolved. SpecError names each
+    refused field and its fix."""
     data, ckpt = dict(spec.get("data") or {}), dict(spec.get("checkpoint") or {})
     model = dict(spec.get("model") or {})
     problems = []
@@ -133,6 +134,13 @@ def confine_spec(
                     "then go under the workers' own checkpoint root) or use a "
                     "directory under --checkpoint-root-allow",
                 )
+            )
+    if ckpt.get("export_hf"):  # written, like checkpoints: the same roots
+        try:
+            ckpt["export_hf"] = str(confine(ckpt["export_hf"], checkpoint_roots, must_exist=False))
+        except PathRefused as e:
+            problems.append(
+                Problem("checkpoint.export_hf", f"{e}; export under a checkpoint root instead")
             )
     if problems:
         raise SpecError(problems)

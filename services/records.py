@@ -79,6 +79,15 @@ def perplexity(loss: float) -> float | None:
         return None
 
 
+class ExportReport(Record):
+    """The job's final checkpoint as a Hugging Face directory (`checkpoint.export_hf`)."""
+
+    path: str
+    step: int
+    bytes: int | None = None  # of the weights written; None when it failed
+    error: str | None = None  # why it was not written
+
+
 class RankReport(Record):
     """What an agent publishes for one rank it runs (the `ranks` field of
     `worker:{wid}:progress`, a JSON object keyed by rank). Times are Redis server time."""
@@ -132,6 +141,9 @@ class RankReport(Record):
     # target), tensor (the first mismatching tensor), ranks (whose fingerprints disagreed),
     # suspects (ranks blamed by re-execution; empty: it could not tell), detail (a sentence)
     sdc: dict[str, Any] | None = None
+    # checkpoint.export_hf, once the trainer tried it (rank 0): the directory, the step, and
+    # its size, or why it failed (`ExportReport`)
+    export: ExportReport | None = None
 
 
 class FaultRecord(Record):

@@ -180,6 +180,16 @@ class CheckpointSpec(Strict):
     keep: int = Field(default=3, ge=1, le=1000)
     mode: Literal["sync", "async"] = "async"
     root: PathText | None = Field(default=None, min_length=1, max_length=4096)
+    export_hf: PathText | None = Field(
+        default=None,
+        min_length=1,
+        max_length=4096,
+        description="When the job succeeds, write its final checkpoint here as a Hugging Face "
+        "model directory (what `meshkeeper export-hf` writes: config.json, safetensors shards "
+        "and their index, generation_config.json, and model.hf's tokenizer files), in the "
+        "training dtype. An absolute directory under the checkpoint roots, replaced whole: "
+        "the export is written beside it and renamed into place. The job's status names it.",
+    )
 
 
 class PrioritySpec(Strict):

@@ -199,6 +199,17 @@ def test_checkpoint_root_outside_the_allowed_roots_gets_422(pool):
     assert "--checkpoint-root-allow" in body["problems"][0]["message"]
 
 
+def test_an_export_outside_the_checkpoint_roots_gets_422_naming_it(pool):
+    """A submitter cannot make the trainers write a model anywhere on the workers' hosts."""
+    with pool.client_as(pool.secrets.submitter_token) as submitter:
+        for path in ("/etc/cron.d/model", "/tmp/anywhere", "relative/out"):
+            spec = one_rank("out", checkpoint={"export_hf": path})
+            r = submitter.http.post("/v1/jobs", json=spec)
+            assert r.status_code == 422, r.text
+            assert [p["field"] for p in r.json()["problems"]] == ["checkpoint.export_hf"]
+    assert not pool.client.jobs(), "a refused job must not be stored"
+
+
 def test_the_agent_refuses_a_path_outside_its_own_roots(pool):
     """The controller's root allows the file, the agent's narrower one does not: the rank fails
     with exit code 2 and the path named, and no trainer is started."""

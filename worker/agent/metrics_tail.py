@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import Literal
 
-from services.records import Record, StepRecord
+from services.records import ExportReport, Record, StepRecord
 
 log = logging.getLogger("meshkeeper.agent")
 
@@ -87,6 +87,12 @@ class CheckpointFailed(Record):
     error: str = ""
 
 
+class Exported(ExportReport):
+    """checkpoint.export_hf was tried (rank 0, after the final commit)."""
+
+    event: Literal["export"]
+
+
 class OtherEvent(Record):
     """An event the agent relays nowhere (checkpoint_skipped, done)."""
 
@@ -101,6 +107,7 @@ TrainerLine = (
     | CorruptionFound
     | CheckpointCommitted
     | CheckpointFailed
+    | Exported
     | OtherEvent
 )
 EVENTS: dict[str, type[Record]] = {
@@ -112,6 +119,7 @@ EVENTS: dict[str, type[Record]] = {
     "sdc": CorruptionFound,
     "checkpoint": CheckpointCommitted,
     "checkpoint_failed": CheckpointFailed,
+    "export": Exported,
 }
 
 

@@ -19,9 +19,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.records import StepRecord
+from services.records import ExportReport, StepRecord
 from worker.agent.metrics_tail import (
     CorruptionFound,
+    Exported,
     Milestone,
     Restored,
     SnapshotTaken,
@@ -46,6 +47,7 @@ class RankProgress:
     held_step: int | None = None  # newest step of which every ward's copy arrived here
     snapshot_error: str | None = None  # the latest snapshot failure
     sdc: dict[str, Any] | None = None  # silent data corruption found (RankReport.sdc)
+    export: ExportReport | None = None  # checkpoint.export_hf's outcome (RankReport.export)
     # the straggler signal over the window: probe_s on a GPU (its step clock counts waits on
     # NCCL as compute; worker/trainer/device_probe.py), else compute_s
     computes: deque[float] = field(default_factory=deque)
@@ -73,6 +75,8 @@ class RankProgress:
             self.snapshot_error = line.error
         elif isinstance(line, CorruptionFound):
             self.sdc = line.model_dump(exclude={"event"})
+        elif isinstance(line, Exported):
+            self.export = ExportReport.model_validate(line.model_dump(exclude={"event"}))
         elif isinstance(line, StepRecord):
             self.last, self.state = line, "running"
             if line.eval_loss is not None:
@@ -118,4 +122,5 @@ class RankProgress:
             "snapshot_step": self.snapshot_step,
             "held_step": self.held_step,
             "sdc": self.sdc,
+            "export": self.export,
         }

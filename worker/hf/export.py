@@ -150,6 +150,23 @@ def export(step_dir: Path, out: Path, dtype: str | None, say=print) -> dict:
     }
 
 
+def export_in_place(step_dir: Path, out: Path, say=print) -> dict:
+    """`export` in the training dtype into `out`, replacing a directory already there whole:
+    written beside it first and renamed into place, so a crash mid-way leaves the previous
+    export (or none), never half of one. A job's `checkpoint.export_hf` (the trainer's rank 0,
+    worker/trainer/main.py)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial, old = out.with_name(f".{out.name}.partial"), out.with_name(f".{out.name}.old")
+    for leftover in (partial, old):  # an earlier attempt's
+        shutil.rmtree(leftover, ignore_errors=True)
+    done = export(step_dir, partial, None, say)
+    if out.exists():
+        out.rename(old)
+    partial.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+    return done
+
+
 def _configs(cfg: ModelSpec, out: Path, dtype: torch.dtype) -> None:
     """config.json, generation_config.json and the tokenizer's files."""
     source = Path(cfg.hf) if cfg.hf else None

@@ -30,7 +30,8 @@ from dataset.format import DatasetError, content_id, read_manifest
 from services.hang_bounds import collective_timeout_s
 from services.records import EXIT_SUSPENDED
 from services.spec import JobSpec, SpecError, check_world_size, load_spec
-from worker.ckpt_store import CheckpointStore, read_history
+from worker.ckpt_store import CheckpointStore, DamagedCheckpoint, read_history
+from worker.hf.export import ExportError, export_in_place
 from worker.hf.weights import WeightsError
 from worker.mfu import default_peak_flops, device_peak_flops, flops_per_token, mfu
 from worker.progress import Collectives, counters_path
@@ -219,6 +220,29 @@ def corrupted(
     metrics.close()
     print(f"meshkeeper: silent data corruption: {e}", file=sys.stderr, flush=True)
     return 4
+
+
+def export_final(out: Path, ckpt: Checkpointer, steps: int, write, say) -> None:
+    """`checkpoint.export_hf`: the committed final step as a Hugging Face directory, reported
+    as an `export` event (with `error` when it failed). A failed export fails no training: the
+    job still succeeds, and its status says the export did not happen and why."""
+    if ckpt.last_committed != steps:
+        error = f"the last committed checkpoint is step {ckpt.last_committed}, not {steps}"
+        write({"event": "export", "path": str(out), "step": steps, "error": error})
+        say(f"[meshkeeper] export to {out} skipped: {error}", flush=True)
+        return
+    try:
+        done = export_in_place(ckpt.store.step_dir(steps), out, say=lambda line: None)
+    except (ExportError, DamagedCheckpoint, OSError) as e:
+        write({"event": "export", "path": str(out), "step": steps, "error": str(e)[:500]})
+        say(f"[meshkeeper] export to {out} FAILED: {e}", flush=True)
+        return
+    write({"event": "export", "path": str(out), "step": steps, "bytes": done["bytes"]})
+    say(
+        f"[meshkeeper] exported step {steps} to {out}: {done['tensors']} tensors, "
+        f"{done['bytes'] / 1e9:.2f} GB in {done['seconds']} s",
+        flush=True,
+    )
 
 
 def sdc_line(spec: JobSpec, replicas: bool, spot: bool) -> str:
@@ -486,6 +510,9 @@ def run(args: argparse.Namespace) -> int:
                 ckpt.close()
         if snaps:
             snaps.close()
+        if rank == 0 and ckpt and spec.checkpoint.export_hf and not stopped:
+            with io.phase("export", steps):
+                export_final(Path(spec.checkpoint.export_hf), ckpt, steps, metrics.write, say)
         if stopped:
             metrics.write({"event": "suspended", "step": stopped})
             metrics.close()
