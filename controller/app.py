@@ -239,13 +239,13 @@ def create_app(ctl: Controller, auth: Auth, hosts: list[str] = ("*",)) -> FastAP
         data = await _read_json(request)
         try:
             spec = parse_spec(with_epochs(data, ctl.cfg.admission.data_roots))
-            if no := chaos_refusal(spec, who, ctl.cfg.admission.allow_chaos):
+            classes = ctl.cfg.scheduler.priorities
+            refused = chaos_refusal(spec, who, ctl.cfg.admission.allow_chaos)
+            if no := refused or classes.refusal(spec, who):
                 problem = {"field": no.problem.field, "message": no.problem.message}
                 raise ApiError(no.status, no.detail, [problem])
             limits = ctl.cfg.pool_limits
-            if over := limit_problems(spec, who, limits) + ctl.cfg.scheduler.priorities.problems(
-                spec
-            ):
+            if over := limit_problems(spec, who, limits) + classes.problems(spec):
                 raise SpecError(over)
             if not who.admin:
                 waiting = await run_in_threadpool(jobs.waiting_of, ctl.store, who.name)

@@ -182,6 +182,23 @@ def test_submitters_suspend_and_resume_only_their_own_jobs(api, job):
         assert e.value.status == 409
 
 
+def test_a_submitter_may_not_take_a_class_that_preempts_other_jobs(api):
+    """`high` stops other people's running jobs: with the built-in classes it is the admins'.
+    A submitter asking for it gets 403 naming priority.class, and nothing is stored; `low`
+    and `default` are open to it."""
+    with api.controller.client(api.secrets.submitter_token) as mine:
+        before = {j.id for j in mine.jobs()}
+        with pytest.raises(ApiError) as e:
+            mine.submit(tiny_spec("jump-the-queue", priority={"class": "high"}))
+        assert e.value.status == 403, e.value
+        assert "priority.class" in str(e.value) and "open to admins" in str(e.value)
+        assert {j.id for j in mine.jobs()} == before
+        low = mine.submit(tiny_spec("humble", priority={"class": "low"})).id
+        mine.cancel(low)
+    with api.controller.client() as admin:
+        admin.cancel(admin.submit(tiny_spec("urgent", priority={"class": "high"})).id)
+
+
 def test_the_auth_file_holds_only_hashes_and_is_private(api):
     text = api.secrets.auth_file.read_text()
     assert stat.S_IMODE(api.secrets.auth_file.stat().st_mode) == 0o600
