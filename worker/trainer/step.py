@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import loss_parallel
 
@@ -213,6 +214,14 @@ class Trainer:
             done(k + 1)
         for m in self.moe:
             m.stats.take()  # held-out tokens are no training step's routing
+        # FSDP2 keeps a forward's unsharded parameters registered until the next backward (the
+        # root's, and every module's at zero 2): a forward with no backward must reshard, or
+        # the module lists other tensors than the optimizer's sharded ones (the state checks
+        # read those, worker/trainer/at_rest.py) and holds whole parameters until the next step
+        for part in self.parts:
+            for m in part.modules():
+                if isinstance(m, FSDPModule):
+                    m.reshard()
         return total.item() / batches, time.perf_counter() - t0
 
     def global_loss(self, local: torch.Tensor, routing: bool = True) -> torch.Tensor:
