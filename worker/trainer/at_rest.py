@@ -80,7 +80,7 @@ class AtRestCheck:
         if changed is not None:
             report = {"rank": self.trainer.ctx.rank, "changed": changed}
             clean = self._clean(before_copy=False, checked_step=checked_step)
-            raise SilentCorruption(evidence(self.sealed_step, clean, [report]))
+            raise SilentCorruption(evidence(self.sealed_step, clean, [report]), alone=True)
 
 
 def evidence(step: int, clean_step: int, reports: list[dict]) -> dict:

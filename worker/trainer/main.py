@@ -501,6 +501,7 @@ def run(args: argparse.Namespace) -> int:
                 if stopped:
                     break
         except SilentCorruption as e:
+            quiesce = not e.alone  # found alone: the peers wait in a collective, not a barrier
             return corrupted(e, ckpt, snaps, metrics)
         finally:
             if record:

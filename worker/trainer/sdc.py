@@ -35,11 +35,13 @@ _WORD = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class SilentCorruption(RuntimeError):
-    """Raised on every rank of the world with the same evidence (RankReport.sdc's shape)."""
+    """Raised on every rank of the world with the same evidence (RankReport.sdc's shape), or,
+    `alone`, on the one rank that found its own state changed (worker/trainer/at_rest.py):
+    its peers are in a collective it will never join, so it must not wait for them."""
 
-    def __init__(self, evidence: dict):
+    def __init__(self, evidence: dict, alone: bool = False):
         super().__init__(evidence["detail"])
-        self.evidence = evidence
+        self.evidence, self.alone = evidence, alone
 
 
 def state_tensors(
