@@ -402,13 +402,20 @@ class Stack:
 
     def start_controller(self) -> Controller:
         """A controller replica; it accepts fault injection (`chaos`) from the admin token,
-        `self.client`'s, for the silent-data-corruption chaos tests."""
+        `self.client`'s, for the silent-data-corruption chaos tests, and, as `meshkeeper up`
+        does, specs that write under the agents' checkpoint root (checkpoint.export_hf)."""
         c = Controller(
             self.redis.controller_url,
             self.work / "logs",
             f"controller-{len(self.controllers)}",
             self.secrets,
-            ["--allow-chaos", "--data-root", str(self.data)],
+            [
+                "--allow-chaos",
+                "--data-root",
+                str(self.data),
+                "--checkpoint-root-allow",
+                str(self.work / "checkpoints"),
+            ],
         )
         self.controllers.append(c)
         return c

@@ -191,7 +191,8 @@ def test_a_submitter_may_not_take_a_class_that_preempts_other_jobs(api):
         with pytest.raises(ApiError) as e:
             mine.submit(tiny_spec("jump-the-queue", priority={"class": "high"}))
         assert e.value.status == 403, e.value
-        assert "priority.class" in str(e.value) and "open to admins" in str(e.value)
+        (problem,) = e.value.problems
+        assert problem.field == "priority.class" and "open to admins" in problem.message
         assert {j.id for j in mine.jobs()} == before
         low = mine.submit(tiny_spec("humble", priority={"class": "low"})).id
         mine.cancel(low)

@@ -132,7 +132,8 @@ def export(step_dir: Path, out: Path, dtype: str | None, say=print) -> dict:
             f.write(_header(entries))
             for n in names:
                 tensor = torch.empty(plan[n][1], dtype=stored[n].properties.dtype)
-                dcp.load({"model": {n: tensor}}, checkpoint_id=str(step_dir))
+                # no_dist: the export reads alone, also in a trainer whose peers have left
+                dcp.load({"model": {n: tensor}}, checkpoint_id=str(step_dir), no_dist=True)
                 data = llama.to_hf(n, tensor, cfg).to(plan[n][0]).contiguous()
                 f.write(data.view(torch.uint8).numpy().tobytes())
                 weight_map[want[n]] = file

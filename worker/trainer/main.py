@@ -511,9 +511,13 @@ def run(args: argparse.Namespace) -> int:
                 ckpt.close()
         if snaps:
             snaps.close()
-        if rank == 0 and ckpt and spec.checkpoint.export_hf and not stopped:
-            with io.phase("export", steps):
-                export_final(Path(spec.checkpoint.export_hf), ckpt, steps, metrics.write, say)
+        if ckpt and spec.checkpoint.export_hf and not stopped:
+            # the group's last act first, on every rank: no peer may wait at the teardown
+            # barrier for as long as rank 0's export takes (minutes at real sizes)
+            shutdown_distributed(quiesce=True)
+            if rank == 0:
+                with io.phase("export", steps):
+                    export_final(Path(spec.checkpoint.export_hf), ckpt, steps, metrics.write, say)
         if stopped:
             metrics.write({"event": "suspended", "step": stopped})
             metrics.close()
