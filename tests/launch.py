@@ -124,6 +124,18 @@ def scenario_lines(proc: subprocess.CompletedProcess) -> dict[str, list[dict]]:
     return out
 
 
+def rank_scenarios(
+    world: int, module: str, expected: Sequence[str], args: Sequence[str] = (), timeout=120.0
+) -> dict[str, list[dict]]:
+    """A rank-side test module run on `world` ranks to the end: its scenario lines, which must
+    name exactly the `expected` scenarios."""
+    proc = run_ranks(world, module, args, timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = scenario_lines(proc)
+    assert sorted(out) == sorted(expected), proc.stdout[-2000:]
+    return out
+
+
 def trainer_args(spec: dict, directory: Path, extra: Sequence[str] = ()) -> tuple[int, list[str]]:
     """(world size, the trainer's arguments): rank 0's metrics go to directory/steps.jsonl."""
     directory.mkdir(parents=True, exist_ok=True)

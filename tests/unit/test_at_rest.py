@@ -16,18 +16,14 @@ import json
 
 import pytest
 
-from tests.launch import run_ranks, scenario_lines
+from tests.launch import rank_scenarios
 
 SCENARIOS = ("clean", "param-before-copy", "optim-before-next-step")
 
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, list[dict]]:
-    proc = run_ranks(2, "tests.unit.test_at_rest", timeout=120)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = scenario_lines(proc)
-    assert sorted(out) == sorted(SCENARIOS), proc.stdout[-2000:]
-    return out
+    return rank_scenarios(2, "tests.unit.test_at_rest", SCENARIOS)
 
 
 def test_clean_steps_pass_and_train_what_an_unchecked_trainer_trains(results):

@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from tests.launch import run_ranks, scenario_lines
+from tests.launch import rank_scenarios
 
 LAYOUTS = {  # name: (parallel, model)
     "dp4-zero3": ({"dp": 4, "zero": 3}, {}),
@@ -27,11 +27,7 @@ LAYOUTS = {  # name: (parallel, model)
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, list[dict]]:
-    proc = run_ranks(4, "tests.unit.test_shard_init", timeout=240)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = scenario_lines(proc)
-    assert sorted(out) == sorted(LAYOUTS), proc.stdout[-2000:]
-    return out
+    return rank_scenarios(4, "tests.unit.test_shard_init", list(LAYOUTS), timeout=240)
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))

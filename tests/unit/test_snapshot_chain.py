@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from tests.launch import run_ranks, scenario_lines
+from tests.launch import rank_scenarios
 
 SCENARIOS = ("dp2-zero3", "dp2-zero3-mb2", "tp2")
 PARALLEL = {  # mb2: two microbatches, whose gradients FSDP adds into the first one's
@@ -30,11 +30,7 @@ REPLAYED_AT = 9  # the state after this step is restored from its chain after st
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict[str, list[dict]]:
     root = tmp_path_factory.mktemp("snapshots")  # both ranks' worker directory
-    proc = run_ranks(2, "tests.unit.test_snapshot_chain", [str(root)], timeout=120)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = scenario_lines(proc)
-    assert sorted(out) == sorted(SCENARIOS), proc.stdout[-2000:]
-    return out
+    return rank_scenarios(2, "tests.unit.test_snapshot_chain", SCENARIOS, [str(root)])
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

@@ -14,18 +14,14 @@ import json
 
 import pytest
 
-from tests.launch import run_ranks, scenario_lines
+from tests.launch import rank_scenarios
 
 SCENARIOS = ("moe-dp2-zero3-clean", "dp2-zero3-fault", "tp2-fault")
 
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, list[dict]]:
-    proc = run_ranks(2, "tests.unit.test_spot_check", timeout=120)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = scenario_lines(proc)
-    assert sorted(out) == sorted(SCENARIOS), proc.stdout[-2000:]
-    return out
+    return rank_scenarios(2, "tests.unit.test_spot_check", SCENARIOS)
 
 
 def test_a_clean_check_passes_and_touches_no_state(results):
