@@ -8,6 +8,7 @@ import argparse
 import importlib
 import signal
 import sys
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from rich.console import Console
@@ -112,6 +113,15 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         return _fail(str(e))
     except KeyboardInterrupt:
         return _fail(f"interrupted before {args.out}/manifest.json was written; run it again", 130)
+    except BrokenProcessPool:
+        return _fail(
+            "a tokenizing process died (killed, or out of memory); no manifest was written: "
+            "run it again, with fewer --workers if memory is short"
+        )
+    except OSError as e:
+        return _fail(
+            f"{_os_problem(e, args.out)}; no manifest was written: fix that and run it again"
+        )
     finally:
         signal.signal(signal.SIGTERM, before)
     m = result.manifest
@@ -125,6 +135,13 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         "# a job reads it only under a data root (--data-root; meshkeeper up: RUN_DIR/data)"
     )
     return 0
+
+
+def _os_problem(e: OSError, where: Path) -> str:
+    """One line for a file that cannot be read or written (a full disk, a read-only mount, no
+    permission): the file and what the system said. A failed write() names no file: `where`,
+    the directory being written, stands in."""
+    return f"{e.filename if e.filename is not None else where}: {e.strerror or e}"
 
 
 def _summary(m) -> None:
@@ -152,6 +169,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
             m = verify(args.dir, progress)
     except DatasetError as e:
         return _fail(str(e))
+    except OSError as e:
+        return _fail(_os_problem(e, args.dir))
     print(f"{args.dir}: every file matches its manifest")
     _summary(m)
     return 0

@@ -4,12 +4,12 @@ the previous checkpoint stays committed."""
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
 from tests.checkpoint.jobs import JOB, committed_steps, root_args, spec
 from tests.launch import run_trainer, step_records
+from tests.tmpfs import small_tmpfs
 from worker.ckpt_store import CheckpointStore
 
 G0 = "g000000"  # a standalone run's generation directory
@@ -40,16 +40,8 @@ def test_unusable_path_keeps_training_and_previous_checkpoint(tmp_path):
 
 @pytest.fixture
 def tiny_disk(tmp_path):
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, f"this test needs root to mount a small tmpfs: {proc.stderr}"
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    with small_tmpfs(tmp_path / "disk", "6m") as mount:
+        yield mount
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from tests.data.conftest import write_jsonl, write_parquet
+from tests.tmpfs import small_tmpfs
 
 GOOD = b'{"text": "a good record"}\n'
 
@@ -98,3 +99,13 @@ def test_without_the_data_extra(tmp_path, prepare, monkeypatch, docs):
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # import tokenizers fails
     r = prepare([write_jsonl(tmp_path / "a.jsonl", docs[:2])], tmp_path / "out")
     assert r.rc == 1 and "pip install 'meshkeeper[data]'" in r.err
+
+
+def test_a_full_disk_is_one_line_and_no_manifest(tmp_path, prepare, docs):
+    data = write_jsonl(tmp_path / "a.jsonl", docs)
+    with small_tmpfs(tmp_path / "disk", "64k") as disk:
+        r = prepare([data], disk / "out", "--shard-tokens", 4096)
+        assert r.rc == 1 and "No space left on device" in r.err, r.err
+        assert f"meshkeeper: {disk / 'out'}" in r.err and "no manifest was written" in r.err
+        assert len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err
+        assert not (disk / "out" / "manifest.json").exists()

@@ -11,26 +11,19 @@ The rank side is this module's `__main__`, under tests/rankrun.py.
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
 from tests.launch import run_ranks, scenario_lines
+from tests.tmpfs import small_tmpfs
 
 STEPS = 12
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> list[dict]:
-    shm = tmp_path_factory.mktemp("shm")
-    mount = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(shm)], capture_output=True, text=True
-    )
-    assert mount.returncode == 0, f"this test needs root to mount a small tmpfs: {mount.stderr}"
-    try:
+    with small_tmpfs(tmp_path_factory.mktemp("shm"), "4m") as shm:
         proc = run_ranks(2, "tests.unit.test_snapshot_shm_full", [str(shm)], timeout=120)
-    finally:
-        subprocess.run(["umount", "-l", str(shm)], check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]  # a SIGBUS ends a rank with -7
     return scenario_lines(proc)["shm-full"]
 
