@@ -362,15 +362,24 @@ def assert_curve(
     return curve
 
 
-def assert_run_record(stack: Stack, j: JobStatus, spec: dict, reference: list[dict]) -> None:
+def assert_run_record(
+    stack: Stack, j: JobStatus, spec: dict, reference: list[dict], notes: list[tuple[int, str]]
+) -> None:
     """The job's TensorBoard run record, read by TensorBoard's own reader, holds every step's
     loss exactly once with the uninterrupted run's value (stored as float32), whichever
-    workers rank 0 ran on (worker/trainer/run_record.py)."""
+    workers rank 0 ran on, and one note per later generation: (step, how its text begins)
+    (worker/trainer/run_record.py)."""
     ea = EventAccumulator(str(stack.checkpoint_dir(j.id, spec) / "tensorboard"))
     ea.Reload()
     got = [(e.step, e.value) for e in ea.Scalars("train/loss")]
     want = [(s, float(np.float32(r["loss"]))) for s, r in enumerate(reference, 1)]
     assert got == want, f"run record (step, loss) {got[:3]}...{got[-3:]}, want {want[:3]}..."
+    written = [
+        (e.step, e.tensor_proto.string_val[0].decode()) for e in ea.Tensors("notes/text_summary")
+    ]
+    assert len(written) == len(notes), written
+    for (step, text), (want_step, prefix) in zip(written, notes, strict=True):
+        assert step == want_step and text.startswith(prefix), (written, notes)
 
 
 # -- processes ----------------------------------------------------------------------------

@@ -139,7 +139,10 @@ def test_sigkill_rendezvous_host(stack, uninterrupted):
     assert j.mesh.rendezvous != j1.mesh.rendezvous, (j1.mesh.rendezvous, j.mesh.rendezvous)
     assert j.mesh.rendezvous.rsplit(":", 1)[1] != j1.mesh.rendezvous.rsplit(":", 1)[1]
     assert_curve(stack, j, want, exact=True)
-    assert_run_record(stack, j, spec, want)  # rank 0's curves stay whole across its move
+    # rank 0's curves stay whole across its move, and the record says where it took up the run
+    at = rec.resumed_step
+    note = f"generation {j.generation} resumed after step {at} from host memory (peer"
+    assert_run_record(stack, j, spec, want, [(at, note)])
 
 
 # -- 4 --------------------------------------------------------------------------------------

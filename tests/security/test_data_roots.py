@@ -352,3 +352,21 @@ def test_epochs_are_counted_into_steps_at_submission(pool, dataset):
     assert job.steps == -(-2 * ((train.tokens - 1) // 32) // 4)  # ceil(2 * windows / batch)
     assert "epochs" not in job.spec["train"]
     pool.client.cancel(job.id)
+
+
+def test_a_shard_changed_after_preparation_fails_the_first_start_naming_it(pool, dataset):
+    """Admission reads only the manifest; the agent hashes each split's first shard before any
+    rank starts, so a shard rewritten in place (same size, one byte) never reaches training."""
+    changed = pool.data / "agent" / "changed"
+    shutil.copytree(dataset, changed)
+    shard = read_manifest(changed).splits["train"].shards[0].name
+    path = changed / "train" / shard
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    r = submitted(pool, dataset_job("changed", changed))
+    assert r.status_code == 201, r.text
+    job = wait_phase(pool.client, r.json()["id"], ("Failed", "Succeeded"), 60)
+    failed = job.condition("Failed")
+    assert job.phase == "Failed" and "exited with code 2" in failed.message, failed
+    assert shard in failed.message and "data.source" in failed.message, failed

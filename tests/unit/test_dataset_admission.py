@@ -87,8 +87,8 @@ def test_another_tokenizer_than_the_models_is_refused(dataset_dir, tmp_path_fact
     spec = parse_spec(spec_on(dataset_dir))
     spec = spec.model_copy(update={"model": spec.model.model_copy(update={"hf": str(hf)})})
     (problem,) = dataset_problems(spec, manifest())
-    assert problem.field == "data.source" and str(hf) in problem.message
-    assert "--tokenizer" in problem.message
+    assert problem.field == "data.source" and "--tokenizer" in problem.message
+    assert str(hf / "tokenizer.json") in problem.message and "/t/tokenizer.json" in problem.message
 
 
 def test_eval_needs_enough_held_out_windows(dataset_dir):

@@ -327,7 +327,8 @@ class Agent:
         try:  # again on this host, whatever reached Redis: trainers get the resolved paths
             spec = confine_spec(spec, self.cfg.data_roots, [default_root], on_host=True)
             if str(spec["data"].get("source", "")).startswith("dataset:"):
-                check_dataset(parse_spec(spec), sample_shards=generation == 0)
+                # a job's first generation is 1 (placing counts from job.generation 0)
+                check_dataset(parse_spec(spec), sample_shards=generation == 1)
         except SpecError as e:
             return self._refuse(job, generation, asg, str(e))
         window = int(spec["fault_tolerance"].get("straggler", {}).get("window_steps", 20))

@@ -152,10 +152,11 @@ def resume(
     metrics: MetricsFile,
     io: IoProgress,
     stream: DataStream,
-) -> int:
-    """Steps already completed: those of the old generation's in-memory snapshots when every
-    rank's state is there (and no disk checkpoint is newer), else of the newest committed
-    checkpoint that verifies, else 0 (and only then are the seed's weights generated)."""
+) -> tuple[int, str]:
+    """Steps already completed, and where this rank's state came from: the old generation's
+    in-memory snapshots when every rank's state is there (and no disk checkpoint is newer),
+    else the newest committed checkpoint that verifies, else 0 (and only then are the seed's
+    weights generated)."""
     if plan is not None:
         ctx = trainer.ctx
         history = ckpt.history if ckpt else None
@@ -187,14 +188,14 @@ def resume(
                     "replayed": hot.replayed,
                 }
             )
-            return hot.step
+            return hot.step, f"host memory ({hot.source}, via {hot.via})"
     t0 = time.perf_counter()
     with io.phase("restore"):
         restored = ckpt.restore() if ckpt else None
     if restored is None:
         with io.phase("init"):  # a fresh start: nothing was restored over the parameters
             trainer.init_weights()
-        return 0
+        return 0, "the seed"
     say(restored_line(restored, mesh_record(spec)), flush=True)
     metrics.write(
         {
@@ -204,7 +205,7 @@ def resume(
             "source": "disk",
         }
     )
-    return restored.step
+    return restored.step, f"the checkpoint {restored.path}"
 
 
 def corrupted(
@@ -268,13 +269,15 @@ def sdc_line(spec: JobSpec, replicas: bool, spot: bool) -> str:
     )
 
 
-def run_record(args, start: int, rank: int) -> RunRecord | None:
-    """Rank 0's TensorBoard record of the job, when the agent names its directory."""
+def run_record(args, start: int, origin: str, rank: int) -> RunRecord | None:
+    """Rank 0's TensorBoard record of the job, when the agent names its directory; every
+    generation after the first notes where it took up the run, a start over from the seed
+    too (a fault before anything was saved)."""
     if not args.run_record or rank != 0:
         return None
     record = RunRecord(Path(args.run_record), start)
-    if start:
-        record.note(start, f"generation {args.generation} resumed after step {start}")
+    if start or args.generation > 1:
+        record.note(start, f"generation {args.generation} resumed after step {start} from {origin}")
     return record
 
 
@@ -392,9 +395,9 @@ def run(args: argparse.Namespace) -> int:
         if spec.sdc.enabled:
             say(f"[meshkeeper] sdc: {sdc_line(spec, checks, spot is not None)}", flush=True)
         watch = AnomalyWatch(spec.sdc.anomaly_window, spec.sdc.anomaly_z)
-        start = resume(ckpt, plan, trainer, spec, say, metrics, io, stream)
+        start, origin = resume(ckpt, plan, trainer, spec, say, metrics, io, stream)
         metrics.write({"event": "ready", "ready_at": time.time(), "start_step": start})
-        record = run_record(args, start, rank)
+        record = run_record(args, start, origin, rank)
         flops, peak = flops_per_token(spec.model), peak_flops(spec, device)
         results: list[StepResult] = []
         every, steps = spec.checkpoint.every_steps, spec.train.steps
