@@ -57,6 +57,10 @@ def test_the_panels_the_issue_asks_for():
         "meshkeeper_rank_step_seconds" in t["expr"] and "_bucket" not in t["expr"]
         for t in heat["targets"]
     )
+    # the validation loss beside the training loss, on one chart (issue: data, "every screen")
+    loss = [t["expr"] for t in by_title["Loss"]["targets"]]
+    assert any("meshkeeper_train_loss" in e for e in loss), loss
+    assert any("meshkeeper_eval_loss" in e for e in loss), loss
 
 
 def test_panels_have_unique_ids_and_do_not_overlap():
