@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from tokenizers import Tokenizer, processors
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
 from dataset.format import sha256_file, shard_path
 from tests.data.conftest import split_docs, write_jsonl, write_parquet
@@ -137,3 +137,35 @@ def test_an_id_outside_the_vocabulary_names_the_record(tmp_path, cli, docs, toke
     )
     assert r.rc == 1 and f"{tmp_path / 'a.jsonl'}:1: the tokenizer gave id 5000" in r.err, r.err
     assert not (tmp_path / "x" / "manifest.json").exists()
+
+
+def test_a_vocabulary_past_65536_ids_is_stored_as_uint32(tmp_path, cli):
+    """Ids above 2**16 survive: a uint16 shard would wrap them to other tokens silently."""
+    words = [f"w{i}" for i in range(70_000)]
+    vocab = {w: i for i, w in enumerate(words)} | {"[UNK]": 70_000, "<|endoftext|>": 70_001}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "wide.json"))
+    texts = ["w69999 w65536 w1", "w65535 w0", "w42 w68000"]
+    write_jsonl(tmp_path / "a.jsonl", texts)
+    out = tmp_path / "ds"
+    args = ["--tokenizer", tmp_path / "wide.json", "--out", out, "--quiet", "--workers", 1]
+    r = cli("data", "prepare", tmp_path / "a.jsonl", *args, "--val-docs", 0)
+    assert r.rc == 0, r.err
+    assert json.loads((out / "manifest.json").read_text())["dtype"] == "uint32"
+    want = sorted(tok.encode(t).ids + [70_001] for t in texts)
+    assert sorted(split_docs(out, "train")) == want and max(max(d) for d in want) == 70_001
+
+
+def test_the_progress_bar_counts_documents_and_tokens_on_stderr(
+    tmp_path, cli, docs, tokenizer_file
+):
+    write_jsonl(tmp_path / "a.jsonl", docs[:50])
+    out = tmp_path / "ds"
+    args = ["--tokenizer", tokenizer_file, "--out", out, "--workers", 1, "--val-docs", 0]
+    r = cli("data", "prepare", tmp_path / "a.jsonl", *args)
+    assert r.rc == 0, r.err
+    tokens = json.loads((out / "manifest.json").read_text())["splits"]["train"]["tokens"]
+    bar = r.err.strip().splitlines()[-1]
+    assert bar.startswith("prepare") and f"50 docs {tokens:,} tokens" in bar, r.err
+    assert "docs" not in r.out  # stdout keeps the summary alone, for scripts
