@@ -275,7 +275,7 @@ def _release(ctx: Pass, tx: Tx, jid: str, wid: str) -> None:
     """Drop `wid`'s pointer if it still names `jid`, and wake its agent."""
     tx.delete_if(ctx.keys.worker_assignment(wid), "job", jid)
     tx.publish(ctx.keys.worker_assignment(wid), jid)
-    tx.released.add(wid)
+    tx.released[wid] = jid
 
 
 def _from_layout(record: RecoveryRecord, asg: Assignment | None) -> None:

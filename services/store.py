@@ -18,7 +18,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,12 +166,12 @@ class Tx:
     cmds: list[list[str]] = field(default_factory=list)
     keys: dict[str, None] = field(default_factory=dict)  # insertion-ordered set
     # Workers new to a job: their agent's Redis user is granted the job's checkpoint pointer
-    # before the commit (so the agent can commit from its first step); and workers released:
-    # each is granted what its pointer names after the commit. Only these: Redis rebuilds a
-    # changed user's ACL description on the next ACL LIST or SAVE, about 0.35 ms each with
-    # the server blocked
+    # and streams before the commit (so the agent can commit from its first step); and
+    # workers released (worker -> the job it leaves): each is granted what its pointer names
+    # after the commit. Only these: Redis rebuilds a changed user's ACL description on the
+    # next ACL LIST or SAVE, about 0.35 ms each with the server blocked
     assigned: dict[str, str] = field(default_factory=dict)
-    released: set[str] = field(default_factory=set)
+    released: dict[str, str] = field(default_factory=dict)
 
     def _add(self, cmd: list[str], *keys: str) -> Tx:
         self.keys.update(dict.fromkeys(keys))
@@ -259,8 +259,9 @@ def controller_acl(prefix: str) -> list[str]:
     ]
 
 
-def agent_acl(prefix: str, wid: str, job: str | None = None) -> list[str]:
-    """An agent's rules (Redis 7 selectors) while it is assigned to `job` (None: to none):
+def agent_acl(prefix: str, wid: str, job: str | None = None, left: str | None = None) -> list[str]:
+    """An agent's rules (Redis 7 selectors) while it is assigned to `job` (None: to none;
+    `left`: the job it was released from last, whose streams it may still append to):
     each command only on the keys it is for. The root grants the commands without keys and
     the scripts (EVALSHA needs every key it declares in one rule); Redis checks each command a
     script runs against the user again, so HEARTBEAT, REPORT and CHECKPOINT_CAS work through
@@ -269,18 +270,24 @@ def agent_acl(prefix: str, wid: str, job: str | None = None) -> list[str]:
     - what the controller writes for it and the job keys: read only;
     - the shared sorted sets (`workers:seen`, `workers:reported`, `workers:gone`): ZADD and
       ZREM only, so no agent can SET or DEL them and stop every reconcile pass;
-    - job event streams: XADD only, so no agent can replace a stream with a string;
+    - the event and log streams of `job` (or, idle, of the job it `left`: the trainers it
+      stops after a release are still that job's news): XADD only, so no agent can replace a
+      stream with a string, nor write into a job it does not work for;
     - the checkpoint pointer of `job` alone: what the commit CAS runs. A script runs as its
       caller, so the CAS's HSET is one the agent could send by itself; the grant keeps such
       a write to the job the agent works for (the controller moves it with each assignment,
       `Store.grant_job`), and an agent holding no job writes no pointer at all."""
     if not WORKER_ID_RE.fullmatch(wid) or not PREFIX_RE.fullmatch(prefix):
         raise ValueError(f"worker id {wid!r} / prefix {prefix!r} not allowed in an ACL pattern")
-    if job is not None and not JOB_ID_RE.fullmatch(job):
-        raise ValueError(f"job id {job!r} not allowed in an ACL pattern")
+    for j in (job, left):
+        if j is not None and not JOB_ID_RE.fullmatch(j):
+            raise ValueError(f"job id {j!r} not allowed in an ACL pattern")
     me = f"{prefix}worker:{wid}"
     shared = [f"{prefix}workers:seen", f"{prefix}workers:reported", f"{prefix}workers:gone"]
-    checkpoints = [Keys(prefix).job_checkpoint(job)] if job is not None else []
+    keys = Keys(prefix)
+    checkpoints = [keys.job_checkpoint(job)] if job is not None else []
+    news = job if job is not None else left
+    streams = [keys.job_events(news), keys.job_logs(news)] if news is not None else []
     return [
         "resetkeys",
         "resetchannels",
@@ -305,7 +312,7 @@ def agent_acl(prefix: str, wid: str, job: str | None = None) -> list[str]:
             ["+hget", "+hgetall", "+hmget"],
         ),
         selector(shared, "RW", ["+zadd", "+zrem"]),
-        selector([f"{prefix}job:*:events", f"{prefix}job:*:logs"], "W", ["+xadd"]),
+        *([selector(streams, "W", ["+xadd"])] if streams else []),
         *([selector(checkpoints, "RW", ["+hget", "+hmget", "+hset"])] if checkpoints else []),
     ]
 
@@ -489,20 +496,21 @@ class Store:
         pipe.execute()
         return self.save_acl()
 
-    def grant_jobs(self, jobs: dict[str, str | None]) -> None:
-        """Give each worker's agent user the checkpoint pointer of its job (None: no pointer;
-        `agent_acl`), then save and copy the users as a join does. Workers without an agent
-        user (never joined, or Redis lost its users) are skipped: a join grants them."""
+    def grant_jobs(self, jobs: dict[str, str | None], left: dict[str, str] | None = None) -> None:
+        """Give each worker's agent user the checkpoint pointer and streams of its job (None:
+        no pointer, and the streams of the job in `left`, if any; `agent_acl`), then save and
+        copy the users as a join does. Workers without an agent user (never joined, or Redis
+        lost its users) are skipped: a join grants them."""
         users = {line.split(" ", 2)[1] for line in self.r.execute_command("ACL", "LIST")}
         pipe = self.r.pipeline(transaction=False)  # two round trips for a job of any size
         for wid, job in sorted(jobs.items()):
             if agent_user(wid) in users:
-                rules = agent_acl(self.keys.prefix, wid, job)
+                rules = agent_acl(self.keys.prefix, wid, job, (left or {}).get(wid))
                 pipe.execute_command("ACL", "SETUSER", agent_user(wid), *rules)
         pipe.execute()
         self.save_acl()
 
-    def _assigned_jobs(self, wids: set[str]) -> dict[str, str | None]:
+    def _assigned_jobs(self, wids: Iterable[str]) -> dict[str, str | None]:
         """The job each worker's assignment pointer names now (None: none)."""
         pipe = self.r.pipeline(transaction=False)
         for wid in sorted(wids):
@@ -852,7 +860,9 @@ class Store:
         if tx.assigned:
             self.grant_jobs(tx.assigned)
         try:
-            self._durable(self._fenced, [self.keys.lease(), *tx.keys], [lease, json.dumps(tx.cmds)])
+            result = self._durable(
+                self._fenced, [self.keys.lease(), *tx.keys], [lease, json.dumps(tx.cmds)]
+            )
         except redis.ResponseError as e:
             msg = str(e)
             if msg.startswith("FENCED"):
@@ -862,8 +872,14 @@ class Store:
                     f"fenced transaction refused, nothing written: {msg[len('REFUSED ') :]}"
                 ) from None
             raise
+        if streams := [k for k in result or [] if isinstance(k, str)]:
+            log.warning(
+                "events not recorded: %s refused XADD (an id at the stream's end was forged "
+                "by a writer); the job's state was written all the same",
+                ", ".join(streams),
+            )
         if tx.released:
-            self.grant_jobs(self._assigned_jobs(tx.released))
+            self.grant_jobs(self._assigned_jobs(tx.released), tx.released)
 
     def _durable(self, script: Script, keys: list[str], args: list[Any]) -> Any:
         """Run `script` and answer once it is replicated (`_replicated`)."""

@@ -18,6 +18,7 @@ from tests.security.smallpool import SmallPool
 from tests.stack import tiny_spec, wait_phase, wait_until
 
 STEPS = 40
+MAX_ID = "18446744073709551615-18446744073709551615"  # the last id a stream can hold
 
 
 def as_agent(pool: SmallPool, wid: str) -> Store:
@@ -58,6 +59,9 @@ def test_an_agent_holding_no_job_cannot_move_a_running_jobs_pointer(pool):
             attacker.r.hset(admin.keys.job_checkpoint(job), "generation", 999999)
         with pytest.raises(redis.exceptions.NoPermissionError):  # nor through the commit CAS
             attacker.commit_checkpoint(job, 1, 10**6, "/forged", wid=idle)
+        for stream in (admin.keys.job_events(job), admin.keys.job_logs(job)):
+            with pytest.raises(redis.exceptions.NoPermissionError):  # nor its news
+                attacker.r.xadd(stream, {"reason": "Forged"}, id=MAX_ID)
     finally:
         attacker.close()
 
@@ -68,4 +72,36 @@ def test_an_agent_holding_no_job_cannot_move_a_running_jobs_pointer(pool):
     wait_until(
         lambda: all(pointer_grants(admin, w) == [] for w in workers), 30, "grants taken back"
     )
+    admin.close()
+
+
+def test_a_forged_last_event_id_costs_events_not_the_jobs_state(pool):
+    """An agent of the job itself may append to its streams; ending one at the last possible
+    id makes every later XADD fail. The controller's transaction writes the job's state all
+    the same (the cancel lands, the job leaves the open set, its workers are free), and the
+    released agents keep only that job's streams until their next job."""
+    admin = Store(pool.redis.url)
+    spec = tiny_spec("forged-ids", train={"steps": 10**5}, parallel={"dp": 2})
+    submitter = pool.client_as(pool.secrets.submitter_token)
+    job = submitter.submit(spec).id
+    running = wait_phase(pool.client, job, ("Running",), 120)
+    inside = running.mesh.ranks[0].worker
+    attacker = as_agent(pool, inside)
+    try:
+        attacker.r.xadd(admin.keys.job_events(job), {"reason": "Forged"}, id=MAX_ID)
+    finally:
+        attacker.close()
+    submitter.cancel(job)
+    done = wait_phase(pool.client, job, ("Cancelled",), 60)
+    assert done.phase == "Cancelled" and job not in admin.job_ids(open_only=True)
+    busy = {r.worker for r in running.mesh.ranks}
+    wait_until(
+        lambda: all(w.state == "idle" and not w.job for w in pool.client.workers() if w.id in busy),
+        30,
+        "the job's workers idle again",
+    )
+    user = admin.r.acl_getuser(agent_user(inside))
+    keys = " ".join(dict(zip(x[::2], x[1::2], strict=True))["keys"] for x in user["selectors"])
+    assert admin.keys.job_events(job) in keys and ":checkpoint" not in keys, keys
+    submitter.close()
     admin.close()

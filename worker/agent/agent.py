@@ -601,9 +601,14 @@ class Agent:
                         self.run.checkpoints, [Pointer.from_json(p) for p in dropped]
                     )
             else:
-                self.store.add_event(
-                    job, {**body, "generation": generation, "source": f"agent/{self.cfg.wid}"}
-                )
+                try:
+                    self.store.add_event(
+                        job, {**body, "generation": generation, "source": f"agent/{self.cfg.wid}"}
+                    )
+                except redis.exceptions.NoPermissionError:
+                    # this worker has since been assigned to another job: only that job's
+                    # streams are its to write (`agent_acl`)
+                    log.warning("job %s: event %s not recorded: not assigned", job, body["reason"])
             self._outbox.pop(0)
         run = self.run
         if self._dirty and run is not None:
@@ -627,7 +632,10 @@ class Agent:
             batch = []
             while self._log_lines and self._log_lines[0][0] == job and len(batch) < 500:
                 batch.append(self._log_lines.popleft()[1:])
-            self.store.add_log_lines(job, batch)
+            try:
+                self.store.add_log_lines(job, batch)
+            except redis.exceptions.NoPermissionError:  # as an event above: another job's now
+                log.warning("job %s: %d log lines not recorded: not assigned", job, len(batch))
 
     def _echo(self, run: Run, p: RankProcess) -> None:
         """The trainer's new output lines: on the agent's own stdout, each prefixed with its
