@@ -522,10 +522,15 @@ class Store:
         `hold_s`) and `credential` is not its Redis user's current password; None when a join
         with this id may go ahead: nobody beats for it, or the caller is its own agent again
         (docs/security.md, "Joining"). An id whose Redis user is gone (Redis lost its users)
-        is free too: no agent can beat as it any more."""
-        now, seen = self.beats([wid])
-        last = seen.get(wid)
-        if last is None or now - last > hold_s:
+        is free too: no agent can beat as it any more. The beat is read from the worker's own
+        hash, which only its agent (the heartbeat script) and the controller write: any agent
+        may ZREM a member of `workers:seen`, and would otherwise free a live id for itself."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.time()
+        pipe.hmget(self.keys.worker(wid), ["beat", "state"])
+        (s, us), (beat, state) = pipe.execute()
+        now = s + us / 1e6
+        if beat is None or state == "stopped" or now - float(beat) > hold_s:
             return None
         user = self.r.acl_getuser(agent_user(wid))
         if user is None:
@@ -533,7 +538,7 @@ class Store:
         presented = hashlib.sha256((credential or "").encode()).hexdigest()
         if credential and any(hmac.compare_digest(presented, h) for h in user["passwords"]):
             return None
-        return now - last
+        return now - float(beat)
 
     def delete_user(self, user: str) -> None:
         """ACL DELUSER on the master and on every replica the Sentinels know (a copy never

@@ -283,6 +283,31 @@ def test_the_join_token_cannot_take_over_a_live_worker(api, admin, tmp_path):
         p.stop(10)
 
 
+def test_a_joined_attacker_cannot_free_a_live_id_by_erasing_its_beat(api, admin, tmp_path):
+    """The attacker joins under a fresh id with the join token, and with that agent's own
+    Redis user removes the live w7 from `workers:seen` (any agent may ZREM there). The join
+    as w7 is still 409: a live id is judged by the beat in w7's own hash, which no other
+    agent can write."""
+    client = api.controller.client()
+    p = agent(api, "w7", tmp_path)
+    try:
+        wait_until(lambda: any(w.id == "w7" and w.alive for w in client.workers()), 60, "w7")
+        r = join(api, "x7", api.secrets.join_token)
+        assert r.status_code == 200, r.text
+        attacker = Store(r.json()["redis_url"])
+        try:
+            assert attacker.r.zrem(admin.keys.workers_seen(), "w7") == 1
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                attacker.r.hset(admin.keys.worker("w7"), "beat", 0)
+        finally:
+            attacker.close()
+        r = join(api, "w7", api.secrets.join_token)
+        assert r.status_code == 409 and "held by a live agent" in r.json()["detail"], r.text
+    finally:
+        client.close()
+        p.stop(10)
+
+
 def test_an_agent_whose_password_redis_refuses_joins_again(api, admin, tmp_path):
     """Redis loses the agent's user (deleted, its connections cut, as after a restart without
     the users file): the agent's calls get WRONGPASS, and rather than retrying that password
