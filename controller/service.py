@@ -30,6 +30,10 @@ log = logging.getLogger("meshkeeper.controller")
 # Under Sentinel: how often the leader copies the master's ACL users to the replicas, for a
 # replica that was away when an agent joined (joins copy them at once: Store.save_acl)
 ACL_SYNC_S = 10.0
+# How often the leader checks every agent user's checkpoint grant against its pointer
+# (Store.reconcile_grants; also at once under each new lease): one ACL LIST and one pipelined
+# read, a few ms at 500 workers
+ACL_GRANTS_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class Controller:
             Scraped(self.store, self.id, lambda: self.leading, cfg.scheduler.worker_alive_s)
         )
         self._next_acl_sync = 0.0
+        self._grants_checked: tuple[str | None, float] = (None, 0.0)  # (under lease, when)
         self.pass_done_at = time.monotonic()  # the last reconcile pass that completed
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="reconcile", daemon=True)
@@ -127,6 +132,14 @@ class Controller:
         since = time.monotonic() - self.pass_done_at
         return since if since > PASS_OVERDUE_S else None
 
+    def _check_grants(self, lease: str) -> None:
+        under, at = self._grants_checked
+        if under == lease and time.monotonic() - at < ACL_GRANTS_S:
+            return
+        if stale := self.store.reconcile_grants():
+            log.warning("corrected the checkpoint grants of %s (left by an earlier pass)", stale)
+        self._grants_checked = (lease, time.monotonic())
+
     def _pass(self) -> None:
         """One reconcile pass while leading. Raises what should be retried after a wait."""
         lease = self.lease.current()
@@ -137,6 +150,7 @@ class Controller:
         try:
             self.scheduler.run_once(lease)
             self.retention.run_due(lease)
+            self._check_grants(lease)
             if self.store.sentinel is not None and time.monotonic() >= self._next_acl_sync:
                 self._next_acl_sync = time.monotonic() + ACL_SYNC_S
                 if changed := self.store.sync_acl():

@@ -510,6 +510,26 @@ class Store:
         pipe.execute()
         self.save_acl()
 
+    def reconcile_grants(self) -> list[str]:
+        """Correct every agent user whose checkpoint grant differs from the job its pointer
+        names, and answer those workers. Grants move around commits (`commit`), so a
+        controller that died between a release and the grant's removal, or a grant made for
+        an assignment that was then refused, leaves one; the leader runs this when it takes
+        the lease and every ACL_GRANTS_S after."""
+        users = acl_rules(self.r.execute_command("ACL", "LIST"))
+        prefix = "agent-"
+        granted = {
+            name[len(prefix) :]: _granted_job(rules, self.keys)
+            for name, rules in users.items()
+            if name.startswith(prefix)
+        }
+        assigned = self._assigned_jobs(granted)
+        stale = sorted(w for w, job in assigned.items() if granted[w] != job)
+        if stale:  # a worker taken off a job keeps that job's streams, as a release does
+            left = {w: granted[w] for w in stale if granted[w] is not None}
+            self.grant_jobs({w: assigned[w] for w in stale}, left)
+        return stale
+
     def _assigned_jobs(self, wids: Iterable[str]) -> dict[str, str | None]:
         """The job each worker's assignment pointer names now (None: none)."""
         pipe = self.r.pipeline(transaction=False)
@@ -951,6 +971,16 @@ def acl_rules(listing: list[str]) -> dict[str, list[str]]:
         _, name, *rules = ACL_RULE_RE.findall(line)
         out[name] = rules
     return out
+
+
+def _granted_job(rules: list[str], keys: Keys) -> str | None:
+    """The job whose checkpoint pointer an agent user's rules grant (`agent_acl`), if any."""
+    pointer = re.compile(re.escape(f"~{keys.job_checkpoint('JOB')}").replace("JOB", "(.+)") + "$")
+    for rule in rules:
+        for word in rule.strip("()").split():
+            if m := pointer.match(word.lstrip("%RW")):
+                return m.group(1)
+    return None
 
 
 def same_rules(a: list[str] | None, b: list[str]) -> bool:

@@ -15,7 +15,7 @@ import redis
 
 from services.store import Store, agent_user
 from tests.security.smallpool import SmallPool
-from tests.stack import tiny_spec, wait_phase, wait_until
+from tests.stack import Controller, tiny_spec, wait_phase, wait_until
 
 STEPS = 40
 MAX_ID = "18446744073709551615-18446744073709551615"  # the last id a stream can hold
@@ -104,4 +104,29 @@ def test_a_forged_last_event_id_costs_events_not_the_jobs_state(pool):
     keys = " ".join(dict(zip(x[::2], x[1::2], strict=True))["keys"] for x in user["selectors"])
     assert admin.keys.job_events(job) in keys and ":checkpoint" not in keys, keys
     submitter.close()
+    admin.close()
+
+
+def test_a_grant_a_dead_controller_left_is_taken_back_by_the_next_leader(pool):
+    """A controller that dies between a release and the grant's removal leaves an idle agent
+    with a job's pointer. The next leader compares every agent user with its pointer when it
+    takes the lease, and takes the grant back: the agent's own HSET is refused again."""
+    admin = Store(pool.redis.url)
+    victim = "victim-job"
+    admin.grant_jobs({"p0": victim})  # what the dead controller's release left behind
+    assert pointer_grants(admin, "p0") == [f"~{admin.keys.job_checkpoint(victim)}"]
+    pool.controller.proc.p.kill()
+    pool.controller.proc.p.wait(10)
+    pool.controller = Controller(
+        pool.redis.controller_url, pool.work / "logs", "controller-2", pool.secrets
+    )
+    wait_until(lambda: pointer_grants(admin, "p0") == [], 60, "the stale grant taken back")
+    attacker = as_agent(pool, "p0")
+    try:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            attacker.r.hset(admin.keys.job_checkpoint(victim), "generation", 999999)
+        attacker.r.xadd(admin.keys.job_events(victim), {"reason": "Left"})  # its last job's news
+    finally:
+        attacker.close()
+    assert "corrected the checkpoint grants of ['p0']" in pool.controller.proc.tail()
     admin.close()
