@@ -52,6 +52,20 @@ def test_layouts_agree_on_training_and_validation_loss(corpus, tmp_path):
         assert got["epoch"] == want["epoch"] == 0
 
 
+def test_eval_time_is_its_own_and_not_in_the_steps_time(corpus, tmp_path):
+    """24 held-out batches every other step cost many training steps' time: it shows in
+    eval_s, and the training step's time (so tokens/s and MFU) stays what it was."""
+    spec = spec_on(f"dataset:{corpus}", 8, eval={"every_steps": 2, "batches": 24})
+    records = train(spec, tmp_path / "run")
+    plain = [r["step_s"] for r in records if r.get("eval_s") is None]
+    evaluated = [r for r in records if r.get("eval_s") is not None]
+    assert len(evaluated) == 4 and len(plain) == 4
+    typical = float(np.median(plain))
+    for r in evaluated:
+        assert r["eval_s"] > 3 * typical, (r, typical)
+        assert r["step_s"] < 2 * typical + r["eval_s"] / 4, (r, typical)
+
+
 def test_a_real_corpus_learns_in_tensorboards_own_reader(corpus, tmp_path):
     steps = 300
     spec = spec_on(f"dataset:{corpus}", steps, eval={"every_steps": 50, "batches": 4})
