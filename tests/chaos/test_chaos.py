@@ -425,33 +425,35 @@ def test_no_spare_dp_shrinks_then_grows_back(stack, uninterrupted):
 
 
 # -- 9b -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("split", ["pp", "tp"])
 def test_no_spare_and_dp_at_min_dp_replans_then_returns_to_the_submitted_layout(
-    stack, uninterrupted
+    stack, uninterrupted, split
 ):
-    """dp2 x pp2 with min_dp 2, no spare and no idle worker: a dead worker's replica cannot
-    be dropped, so the controller re-plans (controller/replan.py) instead of waiting: dp2 x
-    pp1 on the three healthy workers, the third kept as the job's spare. The job resumes from
-    its checkpoint resharded to the new pipeline depth. When the worker returns, the job goes
-    back to the submitted dp2 x pp2 at its next checkpoint commit (a planned grow, reason
+    """dp2 x pp2 (or x tp2) with min_dp 2, no spare and no idle worker: a dead worker's
+    replica cannot be dropped, so the controller re-plans (controller/replan.py) instead of
+    waiting: dp2 on the three healthy workers, the third kept as the job's spare. The job
+    resumes from its checkpoint resharded to the new mesh. When the worker returns, the job
+    goes back to the submitted layout at its next checkpoint commit (a planned grow, reason
     RestoringLayout), and finishes with the loss curve of an uninterrupted run (rtol 1e-5:
     other meshes)."""
     # 25 steps: checkpoints still to come after the worker returns (the return resumes at one)
     spec = mesh_spec(
-        "chaos-replan",
+        f"chaos-replan-{split}",
         steps=25,
-        parallel={"dp": 2, "pp": 2, "microbatches": 2},
+        parallel={"dp": 2, split: 2, "microbatches": 2},
         spares=0,
         min_dp=2,
     )
+    submitted = [2, 2, 1] if split == "pp" else [2, 1, 2]
     want = uninterrupted(spec)
     with pool_cut_to(stack, 4):
         w, j1 = start(stack, spec)
-        victim = rank(j1, 3)  # dp=1, pp=1
+        victim = rank(j1, 3)  # dp=1, and the second stage or shard
         wait_record(metrics_path(stack, j1, 3), at_step(EVERY + 1), 180, "rank 3 past a commit")
         w.until(lambda j: j.last_checkpoint, 60, "a committed checkpoint")
         stack.kill_worker(victim.worker, [victim.pid])
         replanned = w.until(
-            lambda j: j.generation >= 2 and j.mesh.shape.pp == 1, 120, "a re-plan to pp 1"
+            lambda j: j.generation >= 2 and len(j.mesh.ranks) == 2, 120, f"a re-plan to {split} 1"
         )
         healthy = {r.worker for r in j1.mesh.ranks} - {victim.worker}
         assert {r.worker for r in replanned.mesh.ranks} | set(replanned.mesh.spares) == healthy
@@ -462,7 +464,7 @@ def test_no_spare_and_dp_at_min_dp_replans_then_returns_to_the_submitted_layout(
     succeeded(stack, j)
     plan, back = j.recoveries
     assert (plan.cause, plan.action, plan.to_shape) == ("WorkerDead", "replan", [2, 1, 1]), plan
-    assert (back.cause, back.action, back.to_shape) == ("CapacityReturned", "grow", [2, 2, 1])
+    assert (back.cause, back.action, back.to_shape) == ("CapacityReturned", "grow", submitted)
     for r in j.recoveries:
         completed(r)
     assert back.resumed_step > returned_at, (back, returned_at)
@@ -470,7 +472,7 @@ def test_no_spare_and_dp_at_min_dp_replans_then_returns_to_the_submitted_layout(
     assert "re-planned to dp=2 pp=1 tp=1" in started[0], started
     assert "RestoringLayout" in reasons(stack, j.id)
     assert j.restarts == 1  # the return is planned: not a restart
-    assert (j.mesh.shape.dp, j.mesh.shape.pp, j.mesh.shape.tp) == (2, 2, 1)
+    assert [j.mesh.shape.dp, j.mesh.shape.pp, j.mesh.shape.tp] == submitted
     assert {r.worker for r in j.mesh.ranks} == {r.worker for r in j1.mesh.ranks}
     assert_curve(stack, j, want, exact=False)
 
