@@ -72,6 +72,11 @@ def shape(s: api.Coordinate) -> str:
     return f"dp{s.dp}·pp{s.pp}·tp{s.tp}" + (f"·ep{s.ep}" if s.ep else "")
 
 
+def running_mesh(j: api.JobSummary) -> str:
+    """The mesh the job runs now, and the spec's beside it while they differ."""
+    return shape(j.mesh_shape) + (f" (of {shape(j.target_shape)})" if j.target_shape else "")
+
+
 def jobs_table(jobs: list[api.JobSummary]) -> RenderableType:
     now = time.time()
     rows = [
@@ -80,7 +85,7 @@ def jobs_table(jobs: list[api.JobSummary]) -> RenderableType:
             phase(j.phase),
             f"{j.step}/{j.steps}",
             num(j.loss),
-            shape(j.mesh_shape) + (f" (of {shape(j.target_shape)})" if j.target_shape else ""),
+            running_mesh(j),
             duration(now - j.submitted_at) if j.submitted_at else "-",
         ]
         for j in jobs
@@ -116,7 +121,7 @@ def job_detail(j: api.JobStatus) -> Group:
         Text(
             f"  step {j.step}/{j.steps}  loss {num(j.loss)}  {num(j.tokens_per_s, ',.0f')} "
             f"tokens/s  ETA {duration(j.eta_s)}  generation {j.generation}  "
-            f"restarts {j.restarts}"
+            f"restarts {j.restarts}  mesh {running_mesh(j)}"
         ),
     ]
     if extra := validation(j):
@@ -164,13 +169,16 @@ def _indent(t: Table) -> Padding:
 
 
 def mesh_table(m: api.Mesh) -> Table:
-    """One row per (DP replica, PP stage), one column per TP rank: 'r3@w3:running'."""
+    """One row per (DP replica, PP stage), one column per TP rank: 'r3@w3:running'. A replica
+    is named by its dp index in the submitted layout (`dp_labels`), as the mesh page names it:
+    after a shrink the survivor of dp 1 is still "1", though it is replica 0 of the world."""
     by = {(r.coord.dp, r.coord.pp, r.coord.tp): r for r in m.ranks}
     rows = []
     for d in range(m.shape.dp):
+        label = m.dp_labels[d] if d < len(m.dp_labels) else d
         for p in range(m.shape.pp):
             cells = [by.get((d, p, t)) for t in range(m.shape.tp)]
-            dp = f"{d} (ep {d % m.shape.ep})" if m.shape.ep else str(d)
+            dp = f"{label} (ep {d % m.shape.ep})" if m.shape.ep else str(label)
             rows.append(
                 [dp, str(p), *(f"r{r.rank}@{r.worker}:{r.state}" if r else "?" for r in cells)]
             )
@@ -221,7 +229,7 @@ def summary(j: api.JobStatus) -> Text:
         f" ({end.reason}: {end.message})" if end else "",
         f"\n  steps {j.step}/{j.steps}, final loss {num(j.loss)}, "
         f"{num(j.tokens_per_s, ',.0f')} tokens/s, training time {duration(took)}, "
-        f"mesh {shape(j.mesh_shape)}, generation {j.generation}, restarts {j.restarts}",
+        f"mesh {running_mesh(j)}, generation {j.generation}, restarts {j.restarts}",
         f"\n  {extra}" if extra else "",
     )
 
