@@ -2,9 +2,11 @@
 confined to roots.
 
 A path is taken only when it is absolute, has no `..`, lies under one of the configured
-roots, and no component on the way is a symlink whose target leaves that root. Whatever the
-filesystem says (missing, not a regular file, unreadable, a link out of the root) gets the
-same message, so a refusal never tells whether something exists outside the roots.
+roots, and no component on the way is a symlink whose target leaves that root. A path outside
+every root is refused before anything is looked up, with one message, so a refusal never
+tells whether something exists there. Inside a root the refusal says what is wrong (missing,
+a directory, unreadable, a link that leads out): that tree is the user's own, and a link is
+judged by where it points, never by whether its target exists.
 
 The controller checks at submission without requiring the file (it may not mount the data
 volume); the agent checks again on its host, requiring a regular file, and hands its trainers
@@ -43,45 +45,44 @@ def confine(path: str, roots: Sequence[Path], *, must_exist: bool) -> Path:
         raise PathRefused(f"{path!r} is relative; give an absolute path under {shown}")
     if ".." in Path(path).parts:
         raise PathRefused(f"{path!r} contains '..'; give a plain absolute path under {shown}")
-    # One sentence for every case (outside, missing, a link out, unreadable): it must not tell
-    # which, and it must be true of each; the agent's check (must_exist) also asks for a file.
-    what = "a readable regular file" if must_exist else "a path"
-    refused = PathRefused(
-        f"{path!r} is not {what} inside the allowed roots ({shown}), or a link on its way "
-        "leads out of them; use a path inside one of them"
-    )
     lexical = Path(os.path.normpath(path))  # folds '.' and '//' ('..' is refused above)
     for root in roots:
         real_root = Path(os.path.realpath(root))
         for base in (Path(os.path.abspath(root)), real_root):  # a root may itself be a link
             if _within(lexical, base):
-                return _walk(real_root, lexical.relative_to(base).parts, must_exist, refused)
-    raise refused
+                return _walk(path, real_root, lexical.relative_to(base).parts, must_exist)
+    # nothing looked up: the same words whether or not it exists
+    raise PathRefused(f"{path!r} is not inside the allowed roots ({shown}); use a path inside one")
 
 
-def _walk(root: Path, parts: tuple[str, ...], must_exist: bool, refused: PathRefused) -> Path:
-    """Follow `parts` from `root` one component at a time; any link must stay in the root."""
+def _walk(path: str, root: Path, parts: tuple[str, ...], must_exist: bool) -> Path:
+    """Follow `parts` from `root` one component at a time; any link must stay in the root.
+    `must_exist` (the agent, on its host): the end is a readable regular file."""
     cur = root
     for i, part in enumerate(parts):
         nxt = cur / part
         try:
             mode = os.lstat(nxt).st_mode
-        except OSError:  # missing or unreadable: the rest cannot be links
+        except FileNotFoundError:  # the rest cannot be links
             if must_exist:
-                raise refused from None
+                raise PathRefused(f"{path!r} does not exist ({nxt} is missing)") from None
             return nxt.joinpath(*parts[i + 1 :])
+        except OSError as e:
+            raise PathRefused(f"{path!r} cannot be looked up ({nxt}: {e.strerror})") from None
         if stat.S_ISLNK(mode):
-            nxt = Path(os.path.realpath(nxt))
-            if not _within(nxt, root):
-                raise refused
+            target = Path(os.path.realpath(nxt))
+            if not _within(target, root):
+                raise PathRefused(
+                    f"{path!r} passes through {nxt}, a link that leads out of the allowed root "
+                    f"{root}; copy the data into the root instead of linking to it"
+                )
+            nxt = target
         cur = nxt
     if must_exist:
-        try:
-            ok = stat.S_ISREG(os.stat(cur).st_mode) and os.access(cur, os.R_OK)
-        except OSError:
-            ok = False
-        if not ok:
-            raise refused
+        if not stat.S_ISREG(os.stat(cur).st_mode):
+            raise PathRefused(f"{path!r} is a directory or special file, not a regular file")
+        if not os.access(cur, os.R_OK):
+            raise PathRefused(f"{path!r} cannot be read by this process (its permissions)")
     return cur
 
 

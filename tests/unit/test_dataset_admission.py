@@ -70,7 +70,7 @@ def test_epochs_outside_the_roots_are_refused(dataset_dir, tmp_path_factory):
     spec = spec_on(dataset_dir, epochs=1)
     spec["train"].pop("steps", None)
     elsewhere = tmp_path_factory.mktemp("root")
-    with pytest.raises(SpecError, match="not a readable regular file inside the allowed roots"):
+    with pytest.raises(SpecError, match="is not inside the allowed roots"):
         with_epochs(spec, [elsewhere])
 
 
