@@ -171,6 +171,7 @@ class LocalStack:
         self.url = f"http://127.0.0.1:{cfg.port}"
         self.redis_url = cfg.redis_url or ""  # ours: as user admin (operators, `check`)
         self.controller_redis_url = cfg.redis_url or ""
+        self.provisioner_redis_url = cfg.redis_url or ""
         cfg.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(cfg.run_dir, 0o700)  # mkdir's mode does not apply to a directory that existed
         self.secrets = LocalSecrets.create(cfg.run_dir)  # fresh for every stack
@@ -253,7 +254,10 @@ class LocalStack:
                     else []
                 ),
             ],
-            {"REDIS_URL": self.controller_redis_url},
+            {
+                "REDIS_URL": self.controller_redis_url,
+                "REDIS_PROVISIONER_URL": self.provisioner_redis_url,
+            },
         )
         for i in range(self.cfg.workers):
             self._spawn_agent(f"w{i}")
@@ -304,7 +308,10 @@ class LocalStack:
         write_secret(
             data / "users.acl",
             acl_file(
-                "mk:", self.secrets.redis_admin_password, self.secrets.redis_controller_password
+                "mk:",
+                self.secrets.redis_admin_password,
+                self.secrets.redis_controller_password,
+                self.secrets.redis_provisioner_password,
             ).rstrip(),
         )
         self.redis_argv = redis_argv(exe, port, data)
@@ -313,6 +320,9 @@ class LocalStack:
         self.redis_url = with_credentials(base, "admin", self.secrets.redis_admin_password)
         self.controller_redis_url = with_credentials(
             base, "controller", self.secrets.redis_controller_password
+        )
+        self.provisioner_redis_url = with_credentials(
+            base, "provisioner", self.secrets.redis_provisioner_password
         )
         self._wait_redis(timeout_s)
 

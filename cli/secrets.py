@@ -10,7 +10,8 @@ admin token by themselves.
     scrape-token               Prometheus: /metrics and /v1/sd/workers only
     join-token                 what agents join the controller with
     redis-admin-password       Redis user `admin` (operators)
-    redis-controller-password  Redis user `controller`
+    redis-controller-password  Redis user `controller` (the reconcile loop)
+    redis-provisioner-password Redis user `provisioner` (makes agents' users)
     auth.json                  the controller's --auth-file: sha256 hashes only
 """
 
@@ -33,6 +34,7 @@ class LocalSecrets:
     join_token: str
     redis_admin_password: str
     redis_controller_password: str
+    redis_provisioner_password: str
 
     @property
     def api_token_file(self) -> Path:
@@ -51,7 +53,7 @@ class LocalSecrets:
         d = run_dir / "secrets"
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(d, 0o700)  # mkdir's mode does not apply to a directory that already existed
-        s = cls(d, *(new_token() for _ in range(6)))
+        s = cls(d, *(new_token() for _ in range(7)))
         for name, value in (
             ("api-token", s.admin_token),
             ("viewer-token", s.viewer_token),
@@ -59,6 +61,7 @@ class LocalSecrets:
             ("join-token", s.join_token),
             ("redis-admin-password", s.redis_admin_password),
             ("redis-controller-password", s.redis_controller_password),
+            ("redis-provisioner-password", s.redis_provisioner_password),
         ):
             write_secret(d / name, value)
         write_auth_file(

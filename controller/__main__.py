@@ -100,6 +100,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=env("REDIS_URL_FILE"),
         help="file holding the Redis URL, credentials included (env REDIS_URL_FILE)",
     )
+    ap.add_argument(
+        "--redis-provisioner-url-file",
+        type=Path,
+        default=env("REDIS_PROVISIONER_URL_FILE"),
+        help="file holding the Redis URL of the user that manages agent users (env "
+        "REDIS_PROVISIONER_URL_FILE, or the URL itself in env REDIS_PROVISIONER_URL); without "
+        "one no agent can join",
+    )
     ap.add_argument("--prefix", default=env("MESHKEEPER_PREFIX", "mk:"), help="Redis key prefix")
     ap.add_argument("--lease-ttl", type=float, default=3.0, help="leader lease, seconds")
     ap.add_argument(
@@ -284,14 +292,24 @@ def redis_url(args: argparse.Namespace, environ: dict[str, str]) -> str:
                 "give the controller's URL in env REDIS_URL or a 0600 file (--redis-url-file); "
                 "agents get credentials of their own at join"
             )
-    if args.redis_url_file:
-        try:
-            return args.redis_url_file.read_text().strip()
-        except OSError as e:
-            raise SecretOnCommandLine(
-                f"--redis-url-file {args.redis_url_file}: cannot read it ({e.strerror})"
-            ) from None
-    return environ.get("REDIS_URL") or args.redis_url or DEFAULT_REDIS_URL
+    given = _from_file("--redis-url-file", args.redis_url_file)
+    return given or environ.get("REDIS_URL") or args.redis_url or DEFAULT_REDIS_URL
+
+
+def provisioner_url(args: argparse.Namespace, environ: dict[str, str]) -> str | None:
+    """The agent provisioner's Redis URL: --redis-provisioner-url-file, else env
+    REDIS_PROVISIONER_URL, else None (no agent can join)."""
+    given = _from_file("--redis-provisioner-url-file", args.redis_provisioner_url_file)
+    return given or environ.get("REDIS_PROVISIONER_URL") or None
+
+
+def _from_file(flag: str, path: Path | None) -> str | None:
+    if not path:
+        return None
+    try:
+        return path.read_text().strip()
+    except OSError as e:
+        raise SecretOnCommandLine(f"{flag} {path}: cannot read it ({e.strerror})") from None
 
 
 def for_a_big_heap() -> None:
@@ -317,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         url = redis_url(args, dict(os.environ))
+        provisioner = provisioner_url(args, dict(os.environ))
     except SecretOnCommandLine as e:
         print(f"controller: {e}", file=sys.stderr)
         return 2
@@ -344,8 +363,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from controller.app import create_app
 
+    if provisioner is None:
+        logging.getLogger("meshkeeper.controller").warning(
+            "no REDIS_PROVISIONER_URL: agents cannot join (only --insecure-direct-redis agents "
+            "run); docs/security.md"
+        )
     cfg = ControllerConfig(
         redis_url=url,
+        provisioner_url=provisioner,
         prefix=args.prefix,
         lease_ttl_s=args.lease_ttl,
         scheduler=SchedulerConfig(

@@ -26,7 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from controller.auth import Denied, Principal, bearer
 from controller.service import Controller
 from services.redis_url import with_credentials
-from services.store import WORKER_ID_RE, agent_user
+from services.store import NO_PROVISIONER, WORKER_ID_RE, agent_user
 from services.tokens import new_token
 
 log = logging.getLogger("meshkeeper.agents")
@@ -94,6 +94,7 @@ def router(ctl: Controller) -> APIRouter:
         responses={
             401: {"description": "no valid join token"},
             409: {"description": "a live agent holds this worker id"},
+            503: {"description": "this controller holds no provisioner credential"},
         },
     )
     async def join(body: JoinRequest, request: Request) -> dict:
@@ -101,6 +102,8 @@ def router(ctl: Controller) -> APIRouter:
         its registration and rotates its Redis password; while the id's agent lives, only with
         its `credential` (409 otherwise)."""
         peer = request.client.host if request.client else "?"
+        if not ctl.store.provisions:
+            raise HTTPException(503, NO_PROVISIONER)
         held = await run_in_threadpool(ctl.store.held_elsewhere, body.id, body.credential, HOLD_S)
         if held is not None:
             log.warning(

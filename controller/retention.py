@@ -137,10 +137,12 @@ class Retention:
                 tx.zrem(index, wid)
             self.store.commit(tx, lease)
             # ACL commands cannot run in a script: right after the keys (a crash between the
-            # two leaves a user whose keys are gone, which can touch nothing that exists)
-            self.store.delete_user(agent_user(wid))
+            # two leaves a user whose keys are gone, which can touch nothing that exists).
+            # Without a provisioner no agent joined, so there is no user to delete.
+            if self.store.provisions:
+                self.store.delete_user(agent_user(wid))
             log.info("worker %s: silent over %.0fs; forgotten", wid, self.cfg.worker_retention_s)
-        if forgotten:
+        if forgotten and self.store.provisions:
             self.store.save_acl()
         return forgotten
 

@@ -39,6 +39,9 @@ ACL_GRANTS_S = 60.0
 @dataclass(frozen=True)
 class ControllerConfig:
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # the Redis user that manages agent users (services/store.py `provisioner_acl`); None:
+    # agents cannot join (only --insecure-direct-redis agents, with the controller's own URL)
+    provisioner_url: str | None = None
     prefix: str = "mk:"
     lease_ttl_s: float = 3.0
     interval_s: float = 0.25
@@ -60,7 +63,13 @@ class Controller:
     def __init__(self, cfg: ControllerConfig):
         self.cfg = cfg
         self.id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
-        self.store = Store(cfg.redis_url, cfg.prefix, mirror_progress=True)
+        self.store = Store(
+            cfg.redis_url,
+            cfg.prefix,
+            mirror_progress=True,
+            provisioner_url=cfg.provisioner_url,
+            provisions=cfg.provisioner_url is not None,
+        )
         self.lease = LeaseKeeper(self.store, self.id, cfg.lease_ttl_s)
         # Redis as this controller sees it: silence is judged only while it was there for all
         self.availability = RedisAvailability()

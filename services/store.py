@@ -241,20 +241,35 @@ def acl_password(password: str) -> str:
 
 
 def controller_acl(prefix: str) -> list[str]:
-    """The controller's rules: every key and channel under the prefix, no server-wide
-    commands (FLUSHALL, CONFIG, KEYS, ...), plus what it needs to manage agent users and
-    read the server's uptime."""
+    """The reconcile loop's rules: every key and channel under the prefix, and the server's
+    uptime; no server-wide or user-managing command (ACL, CONFIG, CLIENT KILL, DEBUG,
+    SHUTDOWN, MODULE, KEYS, FLUSHALL: @dangerous), and no killing or replacing of the
+    scripts agents run. Its password alone cannot make a Redis user: that is the
+    provisioner's (`provisioner_acl`)."""
     return [
         f"~{prefix}*",
         f"&{prefix}*",
         "+@all",
         "-@dangerous",
         "+info",
-        "+acl|setuser",
-        "+acl|deluser",
-        "+acl|getuser",
-        "+acl|save",
-        "+acl|list",  # copied to replicas under Sentinel (Store.sync_acl)
+        "-script|kill",
+        "-script|flush",
+        "-function",
+    ]
+
+
+def provisioner_acl() -> list[str]:
+    """The agent provisioner's rules: create, narrow, copy and delete agent users (ACL), and
+    cut an old agent's connections at a rejoin (CLIENT KILL); no key, no channel. Held by
+    the controller process apart from its reconcile loop's user (`Store(provisioner_url=)`),
+    so a leaked controller password cannot make a Redis user; this one can, as any
+    user-managing credential can, and is kept as the admin's is."""
+    return [
+        "resetkeys",
+        "resetchannels",
+        "-@all",
+        *("+ping", "+hello", "+auth"),
+        *("+acl|setuser", "+acl|deluser", "+acl|getuser", "+acl|save", "+acl|list"),
         "+client|kill",
     ]
 
@@ -326,10 +341,11 @@ def acl_file(
     prefix: str,
     admin_password: str,
     controller_password: str,
+    provisioner_password: str,
     replication_password: str | None = None,
 ) -> str:
-    """The users file (redis-server --aclfile) of a fresh Redis: default off, admin and
-    controller. Agent users are added at runtime and kept by ACL SAVE. With
+    """The users file (redis-server --aclfile) of a fresh Redis: default off, admin,
+    controller and provisioner. Agent users are added at runtime and kept by ACL SAVE. With
     `replication_password` (a Sentinel deployment, every data node gets the same file), also
     `replica` (what a replica authenticates to its master as: --masteruser) and `sentinel`
     (the Sentinels' user on the data nodes: sentinel auth-user), each with only the commands
@@ -344,6 +360,7 @@ def acl_file(
         f"user admin on {acl_password(admin_password)} ~* &* +@all",
         f"user controller on {acl_password(controller_password)} "
         + " ".join(controller_acl(prefix)),
+        f"user provisioner on {acl_password(provisioner_password)} " + " ".join(provisioner_acl()),
     ]
     if replication_password:
         pw = acl_password(replication_password)
@@ -362,6 +379,17 @@ def loads(value: str | None, default: Any = None) -> Any:
         return json.loads(value)
     except ValueError:
         return default
+
+
+NO_PROVISIONER = (
+    "this controller holds no provisioner credential, so no agent can join: give it "
+    "REDIS_PROVISIONER_URL (or --redis-provisioner-url-file), the Redis user that manages "
+    "agent users (docs/security.md)"
+)
+
+
+class NoProvisioner(RuntimeError):
+    """Agent users were to be managed by a store that holds no provisioner credential."""
 
 
 class Store:
@@ -389,13 +417,18 @@ class Store:
         replica_recheck_s: float = 10.0,
         mirror_progress: bool = False,
         credentials: redis.CredentialProvider | None = None,
+        provisioner_url: str | None = None,
+        provisions: bool = True,
     ):
         """`replica_recheck_s`: under Sentinel, how long writes stop waiting for replicas
         after a WAIT fell short (`_replicated`). `mirror_progress`: `progress` re-reads only
         the reports rewritten since its last call (the controller's reads; an agent's ACL
         user may not read the index it needs). `credentials`: who to authenticate as, asked
         at every (re)connect, instead of the URL's user and password (an agent's, replaced
-        when it joins again: worker/agent/joining.py)."""
+        when it joins again: worker/agent/joining.py). Agent users (ACL commands) are managed
+        through `provisioner_url`'s user when given (the controller: `provisioner_acl`), else
+        through this connection (an admin's: tools and tests); `provisions=False`: by nobody
+        (a controller given no provisioner: agents cannot join, `NoProvisioner`)."""
         self.credentials = credentials
         self.url = without_user(url) if credentials else url
         self.keys = Keys(prefix)
@@ -410,6 +443,12 @@ class Store:
         )
         # `sentinel`: a Sentinel-monitored master (services/redis_url.py), None for one server
         self.r, self.sentinel = connect(self.url, **self._options)
+        self._acl: redis.Redis | None = None
+        self._acl_sentinel = None  # the provisioner's Sentinel target: its replicas' users
+        if provisions and provisioner_url:
+            self._acl, self._acl_sentinel = connect(provisioner_url, **self._options)
+        elif provisions:
+            self._acl, self._acl_sentinel = self.r, self.sentinel
         self._replica_recheck_s = replica_recheck_s
         self._replicas_short_until = 0.0  # time.monotonic(); see `_replicated`
         self._acl_lock = threading.Lock()
@@ -435,6 +474,18 @@ class Store:
 
     def close(self) -> None:
         self.r.close()
+        if self._acl is not None and self._acl is not self.r:
+            self._acl.close()
+
+    @property
+    def provisions(self) -> bool:
+        """Whether this store may manage agent users (see `__init__`)."""
+        return self._acl is not None
+
+    def _users(self) -> redis.Redis:
+        if self._acl is None:
+            raise NoProvisioner(NO_PROVISIONER)
+        return self._acl
 
     def ping(self) -> bool:
         return bool(self.r.ping())
@@ -477,8 +528,9 @@ class Store:
         whether the user was saved to Redis's aclfile (False: Redis has none, and agent users
         last until it restarts)."""
         user = agent_user(wid)
+        users = self._users()
         job = self.r.hget(self.keys.worker_assignment(wid), "job")  # a rejoin mid-job
-        self.r.execute_command(
+        users.execute_command(
             "ACL",
             "SETUSER",
             user,
@@ -487,7 +539,7 @@ class Store:
             acl_password(password),
             *agent_acl(self.keys.prefix, wid, job),
         )
-        self.r.execute_command("CLIENT", "KILL", "USER", user)
+        users.execute_command("CLIENT", "KILL", "USER", user)
         now = self.now()
         pipe = self.r.pipeline()
         pipe.delete(self.keys.worker(wid))
@@ -500,9 +552,12 @@ class Store:
         """Give each worker's agent user the checkpoint pointer and streams of its job (None:
         no pointer, and the streams of the job in `left`, if any; `agent_acl`), then save and
         copy the users as a join does. Workers without an agent user (never joined, or Redis
-        lost its users) are skipped: a join grants them."""
-        users = {line.split(" ", 2)[1] for line in self.r.execute_command("ACL", "LIST")}
-        pipe = self.r.pipeline(transaction=False)  # two round trips for a job of any size
+        lost its users) are skipped: a join grants them; and all of them without a provisioner,
+        whose agents cannot have joined."""
+        if self._acl is None:
+            return
+        users = {line.split(" ", 2)[1] for line in self._acl.execute_command("ACL", "LIST")}
+        pipe = self._acl.pipeline(transaction=False)  # two round trips for a job of any size
         for wid, job in sorted(jobs.items()):
             if agent_user(wid) in users:
                 rules = agent_acl(self.keys.prefix, wid, job, (left or {}).get(wid))
@@ -516,7 +571,9 @@ class Store:
         controller that died between a release and the grant's removal, or a grant made for
         an assignment that was then refused, leaves one; the leader runs this when it takes
         the lease and every ACL_GRANTS_S after."""
-        users = acl_rules(self.r.execute_command("ACL", "LIST"))
+        if self._acl is None:
+            return []
+        users = acl_rules(self._acl.execute_command("ACL", "LIST"))
         prefix = "agent-"
         granted = {
             name[len(prefix) :]: _granted_job(rules, self.keys)
@@ -552,7 +609,7 @@ class Store:
         now = s + us / 1e6
         if beat is None or state == "stopped" or now - float(beat) > hold_s:
             return None
-        user = self.r.acl_getuser(agent_user(wid))
+        user = self._users().acl_getuser(agent_user(wid))
         if user is None:
             return None
         presented = hashlib.sha256((credential or "").encode()).hexdigest()
@@ -563,7 +620,7 @@ class Store:
     def delete_user(self, user: str) -> None:
         """ACL DELUSER on the master and on every replica the Sentinels know (a copy never
         deletes: `sync_acl`); the caller saves the master's aclfile once after a batch."""
-        self.r.execute_command("ACL", "DELUSER", user)
+        self._users().execute_command("ACL", "DELUSER", user)
         self._on_replicas(lambda replica: replica.execute_command("ACL", "DELUSER", user))
 
     def save_acl(self) -> bool:
@@ -573,7 +630,7 @@ class Store:
         users last until it restarts)."""
         self.sync_acl()
         try:
-            self.r.execute_command("ACL", "SAVE")
+            self._users().execute_command("ACL", "SAVE")
         except redis.ResponseError:  # "not configured to use an ACL file"
             return False
         return True
@@ -584,10 +641,10 @@ class Store:
         once) could otherwise delete from a replica a user the older snapshot lacked. One
         copy at a time per process; the controller also runs it periodically, for a replica
         that was away (docs/architecture.md, "Redis high availability")."""
-        if self.sentinel is None:
+        if self._acl is None or self._acl_sentinel is None:
             return 0
         with self._acl_lock:
-            want = acl_rules(self.r.execute_command("ACL", "LIST"))
+            want = acl_rules(self._acl.execute_command("ACL", "LIST"))
 
             def copy(replica: redis.Redis) -> int:
                 have = acl_rules(replica.execute_command("ACL", "LIST"))
@@ -602,10 +659,10 @@ class Store:
         """`do(replica)` (how many users it changed) on each replica the Sentinels know (none
         without Sentinel), then ACL SAVE there if it changed any. A replica that fails is
         skipped with a warning: the periodic copy brings it up to date later."""
-        if self.sentinel is None:
+        if self._acl_sentinel is None:
             return []
         done = []
-        for replica in replica_clients(self.sentinel, **self._options):
+        for replica in replica_clients(self._acl_sentinel, **self._options):
             try:
                 done.append(n := do(replica))
                 if n:  # users written or deleted

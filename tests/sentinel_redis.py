@@ -41,8 +41,8 @@ sentinel sentinel-pass {peer}
 
 
 class SentinelRedis:
-    """`url` (admin) and `controller_url` are redis+sentinel:// URLs; `proc` is the process
-    of the master the Sentinels started with (what a test kills)."""
+    """`url` (admin), `controller_url` and `provisioner_url` are redis+sentinel:// URLs;
+    `proc` is the process of the master the Sentinels started with (what a test kills)."""
 
     def __init__(
         self,
@@ -68,6 +68,9 @@ class SentinelRedis:
         self.controller_url = with_credentials(
             base, "controller", secrets.redis_controller_password
         )
+        self.provisioner_url = with_credentials(
+            base, "provisioner", secrets.redis_provisioner_password
+        )
         self.nodes: list[Proc] = []
         self.sentinels: list[Proc] = []
 
@@ -81,6 +84,7 @@ class SentinelRedis:
             self.prefix,
             self.secrets.redis_admin_password,
             self.secrets.redis_controller_password,
+            self.secrets.redis_provisioner_password,
             self.replication_password,
         )
         for i, port in enumerate(self.node_ports):

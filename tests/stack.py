@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httpx
@@ -67,6 +67,7 @@ class TestSecrets:
     auth_file: Path
     redis_admin_password: str
     redis_controller_password: str
+    redis_provisioner_password: str
 
     @property
     def join_token_file(self) -> Path:
@@ -91,6 +92,7 @@ class TestSecrets:
             tokens["scrape"],
             join,
             auth,
+            new_token(),
             new_token(),
             new_token(),
         )
@@ -147,14 +149,17 @@ class Proc:
         return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
 
 
-def controller_argv(port: int, redis_url: str, secrets_dir: Path, *extra: str) -> list[str]:
-    """`python -m controller` on `port` against `redis_url`, plus `extra` flags. The URL,
-    password and all, goes in a 0600 file under `secrets_dir` (--redis-url-file), as deployed:
-    a command line is readable by every local user, and the controller refuses one with a
-    password."""
+def controller_argv(port: int, redis: RedisUrls, secrets_dir: Path, *extra: str) -> list[str]:
+    """`python -m controller` on `port` against `redis`, plus `extra` flags. Each URL,
+    password and all, goes in a 0600 file under `secrets_dir` (--redis-url-file,
+    --redis-provisioner-url-file), as deployed: a command line is readable by every local
+    user, and the controller refuses one with a password."""
     secrets_dir.mkdir(parents=True, exist_ok=True)
-    name = "redis-url-" + hashlib.sha256(redis_url.encode()).hexdigest()[:8]
-    url_file = write_secret(secrets_dir / name, redis_url)
+
+    def url_file(url: str) -> str:
+        name = "redis-url-" + hashlib.sha256(url.encode()).hexdigest()[:8]
+        return str(write_secret(secrets_dir / name, url))
+
     return [
         sys.executable,
         "-m",
@@ -162,9 +167,18 @@ def controller_argv(port: int, redis_url: str, secrets_dir: Path, *extra: str) -
         "--port",
         str(port),
         "--redis-url-file",
-        str(url_file),
+        url_file(redis.controller_url),
+        "--redis-provisioner-url-file",
+        url_file(redis.provisioner_url),
         *extra,
     ]
+
+
+class RedisUrls(Protocol):
+    """What a controller is given: its reconcile loop's URL and its provisioner's."""
+
+    controller_url: str
+    provisioner_url: str
 
 
 def self_signed_cert(work: Path) -> tuple[Path, Path]:
@@ -197,10 +211,11 @@ def self_signed_cert(work: Path) -> tuple[Path, Path]:
 
 class RedisServer:
     """redis-server on a free port with auth on (as everywhere): an aclfile in `work` with the
-    `default` user off and users `admin` (`url`: ops and tests) and `controller`
-    (`controller_url`); agent users the controller adds at join are saved to it and survive
-    a restart. AOF with fsync on every write, so a SIGKILL loses nothing. With `tls` (a PEM
-    certificate that is its own CA, and its key) it serves only TLS, and the URLs are rediss://."""
+    `default` user off and users `admin` (`url`: ops and tests), `controller`
+    (`controller_url`) and `provisioner` (`provisioner_url`); agent users the controller adds
+    at join are saved to it and survive a restart. AOF with fsync on every write, so a SIGKILL
+    loses nothing. With `tls` (a PEM certificate that is its own CA, and its key) it serves
+    only TLS, and the URLs are rediss://."""
 
     def __init__(
         self,
@@ -220,6 +235,9 @@ class RedisServer:
         self.controller_url = with_credentials(
             self.anonymous_url, "controller", self.secrets.redis_controller_password
         )
+        self.provisioner_url = with_credentials(
+            self.anonymous_url, "provisioner", self.secrets.redis_provisioner_password
+        )
         self.proc: Proc | None = None
 
     def start(self) -> None:
@@ -232,6 +250,7 @@ class RedisServer:
                     self.prefix,
                     self.secrets.redis_admin_password,
                     self.secrets.redis_controller_password,
+                    self.secrets.redis_provisioner_password,
                 )
             )
         ports = ["--port", str(self.port)]
@@ -321,7 +340,12 @@ class Controller:
     """A controller process with auth on (its auth file from `secrets`), as deployed."""
 
     def __init__(
-        self, redis_url: str, log_dir: Path, name: str, secrets: TestSecrets, extra: list[str] = ()
+        self,
+        redis: RedisUrls,
+        log_dir: Path,
+        name: str,
+        secrets: TestSecrets,
+        extra: list[str] = (),
     ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -330,7 +354,7 @@ class Controller:
             name,
             controller_argv(
                 self.port,
-                redis_url,
+                redis,
                 secrets.auth_file.parent,
                 *("--log-level", "info", "--auth-file", str(secrets.auth_file), *extra),
             ),
@@ -357,9 +381,7 @@ class ApiStack:
         self.redis = RedisServer(work / "redis", self.secrets)
         self.redis.work.mkdir(parents=True)
         self.redis.start()
-        self.controller = Controller(
-            self.redis.controller_url, work / "logs", "controller", self.secrets
-        )
+        self.controller = Controller(self.redis, work / "logs", "controller", self.secrets)
         self.url = self.controller.url
 
     def close(self) -> None:
@@ -405,7 +427,7 @@ class Stack:
         `self.client`'s, for the silent-data-corruption chaos tests, and, as `meshkeeper up`
         does, specs that write under the agents' checkpoint root (checkpoint.export_hf)."""
         c = Controller(
-            self.redis.controller_url,
+            self.redis,
             self.work / "logs",
             f"controller-{len(self.controllers)}",
             self.secrets,

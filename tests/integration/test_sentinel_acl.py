@@ -15,7 +15,7 @@ from services.store import Store, agent_user
 
 @pytest.fixture
 def store(sentinel):
-    s = Store(sentinel.controller_url)
+    s = Store(sentinel.controller_url, provisioner_url=sentinel.provisioner_url)
     try:
         yield s
     finally:

@@ -22,7 +22,7 @@ class SmallPool:
         self.redis.work.mkdir(parents=True)
         self.redis.start()
         self.controller = Controller(
-            self.redis.controller_url,
+            self.redis,
             work / "logs",
             "controller",
             self.secrets,

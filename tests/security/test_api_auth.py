@@ -245,9 +245,7 @@ def test_insecure_no_auth_is_loud_and_open(api):
     env = {k: v for k, v in ENV.items() if not k.startswith("MESHKEEPER_")}
     proc = subprocess.Popen(
         # a standby replica
-        controller_argv(
-            port, api.redis.controller_url, api.secrets.auth_file.parent, "--insecure-no-auth"
-        ),
+        controller_argv(port, api.redis, api.secrets.auth_file.parent, "--insecure-no-auth"),
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -309,7 +307,7 @@ def test_https_with_a_self_signed_certificate(api, tmp_path):
         "tls-controller",
         controller_argv(
             port,
-            api.redis.controller_url,
+            api.redis,
             api.secrets.auth_file.parent,
             *("--auth-file", str(api.secrets.auth_file), "--tls-cert", str(cert)),
             *("--tls-key", str(key)),

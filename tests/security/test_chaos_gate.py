@@ -23,7 +23,7 @@ def chaos_spec(name: str) -> dict:
 def chaos_controller(api: ApiStack, tmp_path_factory) -> Controller:
     """A second controller replica on the same Redis, started with --allow-chaos."""
     c = Controller(
-        api.redis.controller_url,
+        api.redis,
         tmp_path_factory.mktemp("chaos-logs"),
         "controller-allow-chaos",
         api.secrets,

@@ -117,9 +117,7 @@ def test_a_grant_a_dead_controller_left_is_taken_back_by_the_next_leader(pool):
     assert pointer_grants(admin, "p0") == [f"~{admin.keys.job_checkpoint(victim)}"]
     pool.controller.proc.p.kill()
     pool.controller.proc.p.wait(10)
-    pool.controller = Controller(
-        pool.redis.controller_url, pool.work / "logs", "controller-2", pool.secrets
-    )
+    pool.controller = Controller(pool.redis, pool.work / "logs", "controller-2", pool.secrets)
     wait_until(lambda: pointer_grants(admin, "p0") == [], 60, "the stale grant taken back")
     attacker = as_agent(pool, "p0")
     try:

@@ -16,7 +16,7 @@ from tests.stack import ApiStack, Controller, tiny_spec
 def capped(tmp_path_factory):
     s = ApiStack(tmp_path_factory.mktemp("tenants"))
     c = Controller(
-        s.redis.controller_url,
+        s.redis,
         s.redis.work / "logs",
         "capped",
         s.secrets,

@@ -39,7 +39,7 @@ def tls(tmp_path_factory):
         "controller",
         controller_argv(
             port,
-            server.controller_url,
+            server,
             secrets.auth_file.parent,
             *("--auth-file", str(secrets.auth_file), "--tls-cert", str(cert)),
             *("--tls-key", str(key)),
