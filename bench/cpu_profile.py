@@ -5,13 +5,14 @@ One trainer process per core with OMP_NUM_THREADS=1, as the local stack runs the
   - memory bandwidth: a large tensor copy (bytes read + written per second);
   - gloo: all-reduce time between 2 local processes for a small tensor (latency) and a
     large one (bus bandwidth, 2(n-1)/n of the bytes per rank);
-  - runtime: peak RSS of a process that imported the trainer and joined a gloo group.
+  - runtime: the peak of a process's own resident pages (worker/peak_rss.py
+    `high_water_mark`: VmHWM less the pages it shares, as the trainer's `peak_mem_bytes`
+    reads it) after it imported the trainer and joined a gloo group.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/cpu_profile.py
 """
 
 import os
-import resource
 import time
 
 import torch
@@ -80,11 +81,16 @@ def _runtime(_rank: int, out) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29542")
     dist.init_process_group("gloo", rank=0, world_size=1)
     dist.destroy_process_group()
-    out.put(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    from worker.peak_rss import high_water_mark
+
+    # Not ru_maxrss: Linux carries it across execve, so a spawned child reports its parent's
+    # peak; and it counts the pages the child shares with its parent (torch's libraries).
+    out.put(high_water_mark() or 0)
 
 
 def runtime_bytes() -> int:
-    """In a fresh process: this one's peak already holds the tensors measured above."""
+    """Bytes, in a fresh process (this one's peak already holds the tensors measured above):
+    its own peak resident pages, as `peak_mem_bytes` counts a trainer's."""
     q = mp.get_context("spawn").Queue()
     mp.start_processes(_runtime, args=(q,), nprocs=1, start_method="spawn")
     return q.get()
@@ -99,4 +105,4 @@ if __name__ == "__main__":
     lat, bw = gloo()
     print(f"gloo all-reduce latency s:     {lat:.2e}")
     print(f"gloo all-reduce bus B/s:       {bw:.3e}")
-    print(f"runtime peak RSS bytes:        {runtime_bytes()}")
+    print(f"runtime own peak bytes:        {runtime_bytes()}")

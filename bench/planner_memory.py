@@ -1,8 +1,10 @@
 """Predicted per-rank memory (services/planner) against the measured peak of every rank.
 
 Each layout trains a few steps under torchrun; every rank's step records carry
-`peak_mem_bytes` (VmHWM on CPU). The planner's prediction for a rank's pipeline position
-(first, last, or the only one) is compared with the largest peak measured at that position.
+`peak_mem_bytes` (on CPU the process's own peak resident pages: VmHWM less the pages it
+shares, worker/peak_rss.py `high_water_mark`). The planner's prediction for a rank's pipeline
+position (first, last, or the only one) is compared with the largest peak measured at that
+position.
 
     .venv/bin/python bench/planner_memory.py [--steps 3] [--preset small]
 """

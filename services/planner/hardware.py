@@ -52,7 +52,11 @@ CPU = DeviceProfile(
     inter_host_bw=9.0e8,
     intra_host_latency_s=8.5e-5,
     inter_host_latency_s=8.5e-5,
-    runtime_bytes=330 * 2**20,
+    # the process's own peak pages (worker/peak_rss.py high_water_mark, as peak_mem_bytes
+    # counts a rank's) after importing the trainer and joining gloo: bench/cpu_profile.py
+    # read 249405440 (238 MiB); raw VmHWM / ru_maxrss, which count the pages shared with the
+    # parent's torch, read 314-330 MiB
+    runtime_bytes=238 * 2**20,
     op_overhead_s=6e-6,
     comm_overlap=0.0,
     usable_fraction=1.0,
