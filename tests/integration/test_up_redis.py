@@ -89,6 +89,7 @@ def test_up_generates_its_secrets_private_and_consistent(local):
         "join-token",
         "redis-admin-password",
         "redis-controller-password",
+        "redis-provisioner-password",
         "auth.json",
     }
     assert {n: p.stat().st_mode & 0o777 for n, p in files.items()} == dict.fromkeys(files, 0o600)
@@ -110,7 +111,7 @@ def test_up_redis_requires_auth_and_keeps_agent_users_and_transactions_across_a_
         anonymous.get("mk:jobs:seq")
     with pytest.raises(redis.AuthenticationError):  # the default user is off, even with a password
         redis.Redis(port=port, password=local.secrets.redis_admin_password, socket_timeout=2).ping()
-    ctl = Store(local.controller_redis_url)
+    ctl = Store(local.controller_redis_url, provisioner_url=local.provisioner_redis_url)
     password = new_token()
     ctl.join_worker(
         "w0", {"host": "h", "address": "127.0.0.1", "devices": 1, "state": "idle"}, password
