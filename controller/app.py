@@ -42,6 +42,7 @@ from controller.plan_gate import PlanGate
 from controller.pool_limits import limit_problems, pending_problem
 from controller.service import Controller
 from controller.status import job_status, job_summary, workers_status
+from controller.token_before_body import TokenBeforeBody
 from services import api
 from services.epochs import with_epochs
 from services.redis_url import without_credentials
@@ -113,6 +114,7 @@ def create_app(ctl: Controller, auth: Auth, hosts: list[str] = ("*",)) -> FastAP
         "Every /v1 endpoint and /metrics needs a bearer token (docs/security.md).",
     )
     app.state.auth = auth  # the agents' join router checks the join token with it
+    app.add_middleware(TokenBeforeBody, auth=auth)  # inside the limit: 413 needs no token
     app.add_middleware(BodyLimit, limit=MAX_BODY)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(hosts))  # outermost: first
     _install_error_handlers(app)

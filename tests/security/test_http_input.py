@@ -224,3 +224,22 @@ def test_the_api_docs_load_nothing_from_outside_the_controller(api):
     assert "http" not in csp  # no origin but the controller's own
     assert httpx.get(api.url + "/redoc").status_code == 404
     assert httpx.get(api.url + "/openapi.json").json()["info"]["title"] == "meshkeeper controller"
+
+
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/agents/join", "/v1/plan"])
+@pytest.mark.parametrize("token", [None, "not-a-token"])
+def test_an_unauthenticated_body_is_refused_unread(api, path, token):
+    """A body under the limit is promised and never sent: without a valid token the answer is
+    401 from the headers alone, instead of the controller waiting for (and buffering) it."""
+    host, port = api.url.removeprefix("http://").split(":")
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n{auth}"
+            f"Content-Length: {MAX_BODY // 2}\r\n\r\n".encode()
+        )
+        answer = b""
+        while not answer.endswith(b"}") and (chunk := sock.recv(65536)):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 401"), answer
+    assert b'www-authenticate: bearer realm="meshkeeper"' in answer.lower(), answer

@@ -1,0 +1,63 @@
+"""Authentication before a body is read, on every route that takes one (docs/security.md,
+"HTTP input").
+
+FastAPI runs a route's token dependency only once the body has been received and parsed, so
+an unauthenticated caller could make the controller wait for and buffer up to the body limit
+on each connection. This pure ASGI layer answers 401 from the headers alone when a request
+that may carry a body (POST, PUT, PATCH) names no valid token: an API token of any role, or,
+for the join, the join token. Which role may call what is still each route's dependency.
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from controller.auth import HOW_TO, Auth
+
+JOIN_PATH = "/v1/agents/join"
+WITH_BODY = {"POST", "PUT", "PATCH"}
+
+
+class TokenBeforeBody:
+    def __init__(self, app: ASGIApp, auth: Auth):
+        self.app, self.auth = app, auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["method"] not in WITH_BODY
+            or self.auth.insecure
+            or self._known(scope)
+        ):
+            return await self.app(scope, receive, send)
+        body = json.dumps(
+            {
+                "detail": f"{scope['method']} {scope['path']} needs a valid bearer token; {HOW_TO}",
+                "problems": [],
+            }
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b'Bearer realm="meshkeeper"'),
+                    (b"connection", b"close"),  # the unread body is not waited for
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    def _known(self, scope: Scope) -> bool:
+        header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return False
+        token = token.strip()
+        if scope["path"] == JOIN_PATH and self.auth.join_ok(token):
+            return True
+        return self.auth.identify(token) is not None
