@@ -330,3 +330,23 @@ def test_an_agent_whose_password_redis_refuses_joins_again(api, admin, tmp_path)
     finally:
         client.close()
         p.stop(10)
+
+
+def test_the_join_log_names_the_callers_address_beside_the_claimed_one(api):
+    """A join may claim any address; the log keeps where it really came from."""
+    body = {"id": "wlog", **BODY, "address": "10.9.9.9"}
+    r = httpx.post(
+        api.url + "/v1/agents/join",
+        json=body,
+        headers={"Authorization": f"Bearer {api.secrets.join_token}"},
+        timeout=10,
+    )
+    assert r.status_code == 200, r.text
+    wait_until(
+        lambda: (
+            "worker wlog joined from 127.0.0.1 (claims address 10.9.9.9"
+            in api.controller.proc.tail()
+        ),
+        10,
+        "the join's log line",
+    )
