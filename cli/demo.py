@@ -23,8 +23,10 @@ class RankKiller:
     def __call__(self, j: api.JobStatus) -> None:
         if self.done or j.phase != "Running" or j.step < self.at_step:
             return
-        ranks = j.mesh.ranks
-        victim = ranks[self.rank if self.rank is not None else len(ranks) // 2 + 1]
+        ranks = sorted(j.mesh.ranks, key=lambda r: r.rank)
+        if not ranks:
+            return
+        victim = ranks[self.rank if self.rank is not None else default_victim(len(ranks))]
         if victim.pid is None:
             return
         c = victim.coord
@@ -38,6 +40,12 @@ class RankKiller:
         except ProcessLookupError:
             return  # it just ended: try the next poll
         self.done = True
+
+
+def default_victim(world: int) -> int:
+    """The rank after the middle one (on a 3D mesh, away from rank 0's rendezvous host), or
+    the last on a world of one or two."""
+    return min(world // 2 + 1, world - 1)
 
 
 def kill_step(spec: JobSpec, asked: int | None) -> int:

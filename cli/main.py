@@ -181,10 +181,15 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    world = spec.parallel.world_size
+    if args.kill_rank is not None and not 0 <= args.kill_rank < world:
+        raise CliError(
+            f"--kill-rank {args.kill_rank}: {args.spec} runs ranks 0..{world - 1}; name one"
+        )
     stack = _stack(args)
     _stop_on_signals()
     try:
-        spec = load_spec(args.spec)
         return run_demo(
             stack,
             spec,
