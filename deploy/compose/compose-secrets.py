@@ -6,14 +6,16 @@ Each secret is taken from its variable when set (a rotation: set it and run `up`
 kept from the previous run, else generated. Every consumer gets a volume of its own holding
 only what it needs, owned by its uid and readable by nobody else:
 
-    controller  auth.json (sha256 hashes only), redis-url (its Redis user), api-token (for you:
-                docker compose exec controller cat /run/secrets/meshkeeper/api-token)
+    controller  auth.json (sha256 hashes only), redis-url (its Redis user, `controller`),
+                redis-provisioner-url (the user that makes the agents' users, `provisioner`),
+                api-token (for you: docker compose exec controller cat
+                /run/secrets/meshkeeper/api-token)
     worker      join-token: agents join through the controller and get their own Redis user
     prometheus  scrape-token
     grafana     grafana-admin-password
     redis       redis-admin-password (its healthcheck), and users.acl on the Redis data
-                volume: `default` off, admin and controller rewritten from the secrets, the
-                agent users the controller saved (ACL SAVE) kept
+                volume: `default` off, admin, controller and provisioner rewritten from the
+                secrets, the agent users the controller saved (ACL SAVE) kept
 
     python compose-secrets.py [ROOT]   (ROOT: default /secrets, where the compose file mounts them)
 """
@@ -37,6 +39,7 @@ GIVEN_BY = {
     "join-token": "MESHKEEPER_JOIN_TOKEN",
     "redis-admin-password": "REDIS_ADMIN_PASSWORD",
     "redis-controller-password": "REDIS_CONTROLLER_PASSWORD",
+    "redis-provisioner-password": "REDIS_PROVISIONER_PASSWORD",
     "grafana-admin-password": "GRAFANA_ADMIN_PASSWORD",
 }
 # the uids the images run as
@@ -70,7 +73,7 @@ def hand_out(path: Path, text: str, owner: str) -> None:
     os.chmod(path, 0o400)
 
 
-def merge_acl(path: Path, prefix: str, admin: str, controller: str) -> None:
+def merge_acl(path: Path, prefix: str, admin: str, controller: str, provisioner: str) -> None:
     """The aclfile Redis starts with: the fixed users from the secrets, the saved agents kept."""
     path.parent.mkdir(parents=True, exist_ok=True)
     agents = [
@@ -80,7 +83,8 @@ def merge_acl(path: Path, prefix: str, admin: str, controller: str) -> None:
     ]
     tmp = path.with_name(path.name + ".new")
     # 0600 from its creation on: it holds the passwords of every Redis user
-    write_secret(tmp, (acl_file(prefix, admin, controller) + "\n".join(agents)).rstrip())
+    users = acl_file(prefix, admin, controller, provisioner) + "\n".join(agents)
+    write_secret(tmp, users.rstrip())
     if os.geteuid() == 0:
         os.chown(tmp, UID["redis"], UID["redis"])
     tmp.replace(path)
@@ -104,6 +108,11 @@ def main(root: Path, env: dict[str, str]) -> None:
         with_credentials(redis, "controller", v["redis-controller-password"]),
         "controller",
     )
+    hand_out(
+        c / "redis-provisioner-url",
+        with_credentials(redis, "provisioner", v["redis-provisioner-password"]),
+        "controller",
+    )
     hand_out(c / "api-token", v["api-token"], "controller")
     hand_out(root / "worker" / "join-token", v["join-token"], "worker")
     hand_out(root / "prometheus" / "scrape-token", v["scrape-token"], "prometheus")
@@ -114,6 +123,7 @@ def main(root: Path, env: dict[str, str]) -> None:
         prefix,
         v["redis-admin-password"],
         v["redis-controller-password"],
+        v["redis-provisioner-password"],
     )
     print(
         f"secrets ready in {root} (api-token: docker compose exec controller "

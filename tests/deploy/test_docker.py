@@ -205,6 +205,10 @@ def test_compose_redis_requires_auth_and_workers_hold_no_redis_password():
         services["controller"]["environment"]["MESHKEEPER_AUTH_FILE"]
         == "/run/secrets/meshkeeper/auth.json"
     )
+    # every secret compose-secrets.py takes from a variable can be given through compose
+    given_by = re.findall(r'^    "[a-z-]+": "([A-Z_]+)",$', SECRETS_SCRIPT.read_text(), re.M)
+    assert "REDIS_PROVISIONER_PASSWORD" in given_by
+    assert set(services["secrets"]["environment"]) == set(given_by)
 
 
 def _run_secrets(root, **env):
@@ -219,6 +223,8 @@ def _run_secrets(root, **env):
 
 
 def test_compose_secrets_are_generated_kept_given_and_handed_out(tmp_path):
+    from urllib.parse import unquote, urlsplit
+
     import redis as redislib
 
     from services.procs import free_port
@@ -231,6 +237,7 @@ def test_compose_secrets_are_generated_kept_given_and_handed_out(tmp_path):
     assert {f for f in files if not f.startswith("store/")} == {
         "controller/auth.json",
         "controller/redis-url",
+        "controller/redis-provisioner-url",
         "controller/api-token",
         "worker/join-token",
         "prometheus/scrape-token",
@@ -241,6 +248,13 @@ def test_compose_secrets_are_generated_kept_given_and_handed_out(tmp_path):
     read = {f: (root / f).read_text().strip() for f in files}
     api, join = read["controller/api-token"], read["worker/join-token"]
     assert len(api) >= 32 and len({api, join, read["prometheus/scrape-token"]}) == 3
+    passwords = {
+        user: unquote(urlsplit(read[f"controller/{f}"]).password or "")
+        for user, f in (("controller", "redis-url"), ("provisioner", "redis-provisioner-url"))
+    }
+    assert passwords["controller"] == read["store/redis-controller-password"]
+    assert passwords["provisioner"] == read["store/redis-provisioner-password"]
+    assert passwords["controller"] != passwords["provisioner"]
     auth = read_auth_file(root / "controller" / "auth.json")
     assert {(t.name, t.role, t.sha256) for t in auth.tokens} == {
         ("admin", "admin", hash_token(api)),
@@ -254,11 +268,13 @@ def test_compose_secrets_are_generated_kept_given_and_handed_out(tmp_path):
             "prometheus/scrape-token": 65534,
             "redis-data/users.acl": 999,
             "controller/redis-url": 10001,
+            "controller/redis-provisioner-url": 10001,
         }.items():
             st = (root / f).stat()
             assert st.st_uid == uid and st.st_mode & 0o077 == 0, (f, st.st_uid, oct(st.st_mode))
 
-    # Redis with that aclfile: auth required; the controller's URL works and is confined
+    # Redis with that aclfile: auth required; the controller's URL works and is confined, and
+    # only the provisioner's makes users
     port = free_port()
     acl = root / "redis-data" / "users.acl"
     proc = subprocess.Popen(
@@ -284,10 +300,20 @@ def test_compose_secrets_are_generated_kept_given_and_handed_out(tmp_path):
         with pytest.raises(redislib.AuthenticationError):
             redislib.Redis(port=port).ping()
         ctl.set("mk:k", 1)
+        for refused in (
+            ("SET", "elsewhere", 1),
+            ("ACL", "SETUSER", "agent-w9", "on", ">pw", "+@all", "~*"),
+            ("CONFIG", "GET", "requirepass"),
+        ):
+            with pytest.raises(redislib.exceptions.NoPermissionError):
+                ctl.execute_command(*refused)
+        url = read["controller/redis-provisioner-url"]
+        assert url.startswith("redis://provisioner:") and url.endswith("@redis:6379/0")
+        prov = redislib.Redis.from_url(url.replace("@redis:6379", f"@127.0.0.1:{port}"))
+        prov.execute_command("ACL", "SETUSER", "agent-w1", "on", ">pw-of-w1", "+ping")
+        prov.execute_command("ACL", "SAVE")
         with pytest.raises(redislib.exceptions.NoPermissionError):
-            ctl.set("elsewhere", 1)
-        ctl.execute_command("ACL", "SETUSER", "agent-w1", "on", ">pw-of-w1", "+ping")
-        ctl.execute_command("ACL", "SAVE")
+            prov.get("mk:k")
     finally:
         proc.terminate()
         proc.wait(10)
@@ -306,11 +332,13 @@ def test_compose_secrets_are_generated_kept_given_and_handed_out(tmp_path):
     )
 
 
-def test_the_controller_entrypoint_exports_its_redis_url(tmp_path):
-    """The compose entrypoint's shell, with the final exec swapped for `env`."""
+def test_the_controller_entrypoint_exports_its_redis_urls(tmp_path):
+    """The compose entrypoint's shell, with the final exec swapped for `env`: both URLs from
+    the secrets volume into the environment, neither on the command line."""
     entry = compose_services()["controller"]["entrypoint"]
     assert entry[:2] == ["/bin/sh", "-c"]
     (tmp_path / "redis-url").write_text("redis://controller:p%40ss@redis:6379/0\n")
+    (tmp_path / "redis-provisioner-url").write_text("redis://provisioner:pr0v@redis:6379/0\n")
     script = entry[2].replace("$$", "$").replace("/run/secrets/meshkeeper", str(tmp_path))
     assert 'exec python -m controller "$@"' in script
     out = subprocess.run(
@@ -320,6 +348,9 @@ def test_the_controller_entrypoint_exports_its_redis_url(tmp_path):
         timeout=10,
     )
     assert "REDIS_URL=redis://controller:p%40ss@redis:6379/0" in out.stdout.splitlines(), out
+    lines = out.stdout.splitlines()
+    assert "REDIS_PROVISIONER_URL=redis://provisioner:pr0v@redis:6379/0" in lines, out
+    assert "pr0v" not in " ".join(entry + compose_services()["controller"]["command"])
 
 
 def test_prometheus_config_scrapes_the_controller_with_the_scrape_token(tmp_path):

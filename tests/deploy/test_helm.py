@@ -200,13 +200,36 @@ def test_external_redis_url_lives_in_a_secret():
     objs = objects(CASES["external-redis-values.yaml"])
     assert not [o for o in objs if o["kind"] == "StatefulSet"]
     secret = one(objs, "Secret", "-redis-url")
-    assert secret["stringData"]["redis-url"].startswith("rediss://")
+    assert secret["stringData"]["redis-url"].startswith("rediss://controller:")
+    assert secret["stringData"]["redis-provisioner-url"].startswith("rediss://provisioner:")
     env = {e["name"]: e for e in container(one(objs, "Deployment", "-controller"))["env"]}
     assert env["REDIS_URL"]["valueFrom"]["secretKeyRef"] == {
         "name": secret["metadata"]["name"],
         "key": "redis-url",
     }
+    assert env["REDIS_PROVISIONER_URL"]["valueFrom"]["secretKeyRef"] == {
+        "name": secret["metadata"]["name"],
+        "key": "redis-provisioner-url",
+        "optional": False,
+    }
     assert "s3cret" not in json.dumps([o for o in objs if o["kind"] != "Secret"])
+
+
+def test_an_external_redis_without_a_provisioner_renders_and_an_existing_secret_may_hold_one():
+    """Without a provisioner URL the controller starts (agents cannot join, it warns); from
+    your own Secret the key is optional, so a Secret made before it existed still starts."""
+    url = {"redis": {"enabled": False}, "externalRedis": {"url": "redis://r:6379/0"}}
+    objs = objects(url)
+    assert "redis-provisioner-url" not in one(objs, "Secret", "-redis-url")["stringData"]
+    env = {e["name"] for e in container(one(objs, "Deployment", "-controller"))["env"]}
+    assert "REDIS_URL" in env and "REDIS_PROVISIONER_URL" not in env
+    own = {"redis": {"enabled": False}, "externalRedis": {"existingSecret": "my-redis"}}
+    env = {e["name"]: e for e in container(one(objects(own), "Deployment", "-controller"))["env"]}
+    assert env["REDIS_PROVISIONER_URL"]["valueFrom"]["secretKeyRef"] == {
+        "name": "my-redis",
+        "key": "redis-provisioner-url",
+        "optional": True,
+    }
 
 
 def test_contradictory_redis_settings_fail_with_the_fix():
@@ -215,6 +238,23 @@ def test_contradictory_redis_settings_fail_with_the_fix():
         dt.render({"redis": {"enabled": False}})
     with pytest.raises(helm.HelmRenderError, match="redis.enabled=false"):
         dt.render({"externalRedis": {"url": "redis://elsewhere:6379/0"}})
+    with pytest.raises(helm.HelmRenderError, match="existingSecretProvisionerKey"):
+        dt.render(
+            {
+                "redis": {"enabled": False},
+                "externalRedis": {"existingSecret": "s", "provisionerUrl": "redis://p@r:6379/0"},
+            }
+        )
+    with pytest.raises(helm.HelmRenderError, match="name the same key"):
+        dt.render(
+            {
+                "redis": {"enabled": False},
+                "externalRedis": {
+                    "existingSecret": "s",
+                    "existingSecretProvisionerKey": "redis-url",
+                },
+            }
+        )
 
 
 def test_redis_runs_with_aof_and_a_volume():
@@ -329,6 +369,8 @@ def test_every_container_command_line_parses_in_the_real_cli(case, monkeypatch):
 
     sample = {
         "MESHKEEPER_REDIS_PASSWORD": "pw",
+        "MESHKEEPER_REDIS_PROVISIONER_PASSWORD": "ppw",
+        "MESHKEEPER_REDIS_SENTINEL_PASSWORD": "spw",
         "MESHKEEPER_POD_NAME": "p-1",
         "MESHKEEPER_NODE_NAME": "n-1",
         "MESHKEEPER_NAMESPACE": "ml",
@@ -364,6 +406,7 @@ AUTH_KEYS = {
     "join-token",
     "redis-admin-password",
     "redis-controller-password",
+    "redis-provisioner-password",
 }
 
 
@@ -402,6 +445,7 @@ def test_given_auth_values_are_used_and_an_existing_secret_replaces_the_chart_s(
         "joinToken": "j" * 40,
         "redisAdminPassword": "ra-" + "x" * 30,
         "redisControllerPassword": "rc-" + "y" * 30,
+        "redisProvisionerPassword": "rp-" + "z" * 30,
     }
     secret = one(objects({"auth": given}), "Secret", "-auth")
     assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == {
@@ -410,6 +454,7 @@ def test_given_auth_values_are_used_and_an_existing_secret_replaces_the_chart_s(
         "join-token": "j" * 40,
         "redis-admin-password": "ra-" + "x" * 30,
         "redis-controller-password": "rc-" + "y" * 30,
+        "redis-provisioner-password": "rp-" + "z" * 30,
     }
     objs = objects(CASES["ha-monitoring-values.yaml"])
     assert not [o for o in objs if o["kind"] == "Secret"]
@@ -481,6 +526,35 @@ def test_the_controller_redis_user_matches_the_store():
 
     _, env, _ = _redis_acl_script(objects({"keyPrefix": "team1:"}))
     assert env["CONTROLLER_ACL"].split() == controller_acl("team1:")
+    _, env, _ = _redis_acl_script(objects())
+    assert env["CONTROLLER_ACL"].split() == controller_acl("mk:")
+
+
+def test_the_provisioner_redis_user_matches_the_store():
+    from services.store import provisioner_acl
+
+    for case in ("default", "sentinel-values.yaml"):
+        sts = one(objects(CASES[case]), "StatefulSet", "-redis")
+        [init] = sts["spec"]["template"]["spec"]["initContainers"]
+        env = {e["name"]: e.get("value") for e in init["env"]}
+        assert env["PROVISIONER_ACL"].split() == provisioner_acl(), case
+
+
+@pytest.mark.parametrize("case", ["default", "sentinel-values.yaml"])
+def test_the_controller_gets_the_provisioner_s_url_from_a_password_of_its_own(case):
+    """REDIS_URL and REDIS_PROVISIONER_URL, as the kubelet expands them: one user each, each
+    password from its own Secret key through its own variable."""
+    c = container(one(objects(CASES[case]), "Deployment", "-controller"))
+    secrets = {k: f"<{key}>" for k, (_, key) in secret_refs(c).items()}
+    env = {e["name"]: _expand(e["value"], secrets) for e in c["env"] if "value" in e}
+    scheme = "redis+sentinel" if case.startswith("sentinel") else "redis"
+    assert env["REDIS_URL"].startswith(f"{scheme}://controller:<redis-controller-password>@")
+    assert env["REDIS_PROVISIONER_URL"].startswith(
+        f"{scheme}://provisioner:<redis-provisioner-password>@"
+    )
+    assert "$(" not in env["REDIS_URL"] + env["REDIS_PROVISIONER_URL"]
+    # the same server (or Sentinels and master set) behind both
+    assert env["REDIS_URL"].partition("@")[2] == env["REDIS_PROVISIONER_URL"].partition("@")[2]
 
 
 def test_redis_starts_with_auth_required_and_keeps_joined_agents(tmp_path):
@@ -497,13 +571,18 @@ def test_redis_starts_with_auth_required_and_keeps_joined_agents(tmp_path):
     env["DATA"] = str(data)
     args = [a.replace("/data", str(data)) for a in args]
 
-    def start(admin: str, controller: str):
+    def start(admin: str, controller: str, provisioner: str):
+        passwords = {
+            "ADMIN_PASSWORD": admin,
+            "CONTROLLER_PASSWORD": controller,
+            "PROVISIONER_PASSWORD": provisioner,
+        }
         out = subprocess.run(
             ["sh", "-ec", script],
             capture_output=True,
             text=True,
             timeout=30,
-            env={**os.environ, **env, "ADMIN_PASSWORD": admin, "CONTROLLER_PASSWORD": controller},
+            env={**os.environ, **env, **passwords},
         )
         assert out.returncode == 0, out.stderr
         port = free_port()
@@ -516,20 +595,35 @@ def test_redis_starts_with_auth_required_and_keeps_joined_agents(tmp_path):
         wait_until(r.ping, 5, "redis-server to answer")
         return proc, port, r
 
-    proc, port, admin = start("admin-pw-1", "ctl-pw-1")
+    proc, port, admin = start("admin-pw-1", "ctl-pw-1", "prov-pw-1")
     try:
         with pytest.raises(redislib.AuthenticationError):
             redislib.Redis(port=port).ping()  # the default user is off
         ctl = redislib.Redis(port=port, username="controller", password="ctl-pw-1")
         ctl.set("mk:x", 1)
-        with pytest.raises(redislib.exceptions.NoPermissionError):
-            ctl.set("other:x", 1)
-        with pytest.raises(redislib.exceptions.NoPermissionError):
-            ctl.flushall()
-        ctl.execute_command(
+        ctl.info("server")  # the uptime: Redis restarts
+        for refused in (
+            ("SET", "other:x", 1),
+            ("FLUSHALL",),
+            ("ACL", "SETUSER", "agent-w9", "on", ">pw", "+@all", "~*"),
+            ("ACL", "LIST"),
+            ("CONFIG", "GET", "requirepass"),
+            ("CLIENT", "KILL", "USER", "admin"),
+            ("SCRIPT", "KILL"),
+            ("SCRIPT", "FLUSH"),
+            ("FUNCTION", "FLUSH"),
+        ):
+            with pytest.raises(redislib.exceptions.NoPermissionError):
+                ctl.execute_command(*refused)  # NOPERM: the controller's password makes no user
+        prov = redislib.Redis(port=port, username="provisioner", password="prov-pw-1")
+        prov.execute_command(
             "ACL", "SETUSER", "agent-w1", "on", ">agent-pw", "~mk:worker:w1*", "+ping"
         )
-        ctl.execute_command("ACL", "SAVE")
+        prov.execute_command("CLIENT", "KILL", "USER", "agent-w1")
+        prov.execute_command("ACL", "SAVE")
+        for refused in (("GET", "mk:x"), ("SET", "mk:y", 1), ("CONFIG", "GET", "dir")):
+            with pytest.raises(redislib.exceptions.NoPermissionError):
+                prov.execute_command(*refused)  # the provisioner reads and writes no key
         probe = subprocess.run(
             ["sh", "-c", f"redis-cli -p {port} --user admin ping | grep -q PONG"],
             env={**os.environ, "REDISCLI_AUTH": "admin-pw-1"},
@@ -543,12 +637,15 @@ def test_redis_starts_with_auth_required_and_keeps_joined_agents(tmp_path):
     finally:
         admin.shutdown(nosave=True)
         proc.wait(10)
-    proc, port, admin = start("admin-pw-2", "ctl-pw-2")  # rotated in the Secret
+    proc, port, admin = start("admin-pw-2", "ctl-pw-2", "prov-pw-2")  # rotated in the Secret
     try:
         redislib.Redis(port=port, username="agent-w1", password="agent-pw").ping()
         with pytest.raises(redislib.AuthenticationError):
             redislib.Redis(port=port, username="controller", password="ctl-pw-1").ping()
+        with pytest.raises(redislib.AuthenticationError):
+            redislib.Redis(port=port, username="provisioner", password="prov-pw-1").ping()
         redislib.Redis(port=port, username="controller", password="ctl-pw-2").ping()
+        redislib.Redis(port=port, username="provisioner", password="prov-pw-2").ping()
     finally:
         admin.shutdown(nosave=True)
         proc.wait(10)

@@ -3,8 +3,9 @@ rendered StatefulSet is its init container's aclfile.sh, then node.sh and sentin
 chart's ConfigMap, with the environment the pod spec gives them (secrets and the downward API
 filled in). Pods are separate loopback addresses; the chart's DNS names are mapped onto them.
 
-What a user relies on: a fresh install elects the first node; the controller's URL from the
-chart reaches the master through the Sentinels; a killed master fails over, and the pod that
+What a user relies on: a fresh install elects the first node; the controller's URLs from the
+chart (its own and its provisioner's) reach the master through the Sentinels, and an agent
+user made through the provisioner is on every node; a killed master fails over, and the pod that
 comes back joins as a replica of the new master (never as a second master); a restart of the
 whole set keeps the master it had and every write. Real redis-servers and Sentinels."""
 
@@ -29,6 +30,7 @@ ADDRESSES = [f"127.0.0.{31 + i}" for i in range(NODES)]
 SECRETS = {
     "redis-admin-password": "admin-pw",
     "redis-controller-password": "controller-pw",
+    "redis-provisioner-password": "provisioner-pw",
     "redis-replication-password": "replication-pw",
     "redis-sentinel-password": "discover-pw",
     "redis-sentinel-peer-password": "peer-pw",
@@ -153,10 +155,25 @@ class ChartSet:
 
     def controller_url(self) -> str:
         """The controller's REDIS_URL from the chart, on this machine's addresses."""
+        return self._controller_env("REDIS_URL")
+
+    def provisioner_url(self) -> str:
+        """The controller's REDIS_PROVISIONER_URL (the user that makes agent users) from the
+        chart, on this machine's addresses."""
+        return self._controller_env("REDIS_PROVISIONER_URL")
+
+    def store(self):
+        """A Store as the controller makes one: the reconcile loop's user, and the
+        provisioner's for ACL commands (the controller's user may run none)."""
+        from services.store import Store
+
+        return Store(self.controller_url(), provisioner_url=self.provisioner_url())
+
+    def _controller_env(self, name: str) -> str:
         ctl = one(self.objs, "Deployment", "-controller")["spec"]["template"]["spec"]
-        url = resolve(ctl["containers"][0]["env"], "controller")["REDIS_URL"]
-        for name, addr in self.hosts.items():
-            url = url.replace(f"{name}:26379", f"{addr}:{self.sentinel_port}")
+        url = resolve(ctl["containers"][0]["env"], "controller")[name]
+        for host, addr in self.hosts.items():
+            url = url.replace(f"{host}:26379", f"{addr}:{self.sentinel_port}")
         return url
 
     def close(self) -> None:
@@ -196,6 +213,7 @@ def test_the_users_file_is_the_store_s(chart_set):
         "mk:",
         SECRETS["redis-admin-password"],
         SECRETS["redis-controller-password"],
+        SECRETS["redis-provisioner-password"],
         SECRETS["redis-replication-password"],
     )
     assert [line.split()[:2] + line.split()[3:] for line in users.splitlines()] == [
@@ -212,9 +230,7 @@ def test_a_fresh_set_makes_the_first_node_master(chart_set):
 
 
 def test_the_controller_url_reaches_the_master_through_the_sentinels(chart_set):
-    from services.store import Store
-
-    store = Store(chart_set.controller_url())
+    store = chart_set.store()
     for n in range(10):
         store.add_event("j1", {"n": str(n)})  # each waited for a replica (WAIT)
     store.close()
@@ -222,16 +238,39 @@ def test_the_controller_url_reaches_the_master_through_the_sentinels(chart_set):
         assert events(r) == [str(n) for n in range(10)]
 
 
-def test_a_killed_master_fails_over_and_comes_back_as_a_replica(chart_set):
-    from services.store import Store
+def test_a_join_makes_the_agent_user_on_every_node_through_the_provisioner(chart_set):
+    """The chart's two URLs as the controller uses them: the agent's user is made on the
+    master as `provisioner` and copied to every replica (ACL changes do not replicate), while
+    the controller's own user may not touch users."""
+    store = chart_set.store()
+    try:
+        assert store.join_worker("w1", {"host": "h1"}, "agent-w1-pw") is True  # ACL SAVE worked
+        store.sync_acl()
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            store.r.execute_command("ACL", "SETUSER", "agent-w9", "on", ">x", "+@all", "~*")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            store.r.execute_command("CONFIG", "GET", "dir")
+    finally:
+        store.close()
+    for ordinal in range(NODES):
+        with redis.Redis(
+            ADDRESSES[ordinal],
+            chart_set.redis_port,
+            username="agent-w1",
+            password="agent-w1-pw",
+            socket_timeout=2,
+        ) as agent:
+            assert agent.ping(), ordinal
 
+
+def test_a_killed_master_fails_over_and_comes_back_as_a_replica(chart_set):
     chart_set.kill(0)
     wait_until(
         lambda: {m for m in chart_set.masters_named() if m} - {ADDRESSES[0]},
         60,
         "the Sentinels left to promote a replica",
     )
-    store = Store(chart_set.controller_url())
+    store = chart_set.store()
     wait_until(lambda: _writes(store, "10"), 60, "a write on the new master")
     store.close()
     chart_set.start(0)

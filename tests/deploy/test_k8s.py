@@ -90,8 +90,11 @@ def test_the_base_carries_no_secret_and_names_the_one_to_create():
         "join-token",
         "redis-admin-password",
         "redis-controller-password",
+        "redis-provisioner-password",
     }
     docs = (dt.REPO / "docs" / "deploy.md").read_text()
     assert f"create secret generic {dt.BASE_VALUES['auth']['existingSecret']}" in docs
+    command = docs[docs.index("create secret generic") :].split("```")[0]
+    assert all(key in command for _, key in refs), "the command must create every key"
     policies = {o["metadata"]["name"] for o in objs if o["kind"] == "NetworkPolicy"}
     assert policies == {f"meshkeeper-{c}" for c in ("controller", "worker", "redis", "operator")}

@@ -144,6 +144,11 @@ REFUSED = [
         "/checkpoints/persistence/accessModes/0': value must be one of",
     ),
     ({"auth": {"redisControllerPassword": "p@ss/word"}}, "/auth/redisControllerPassword'"),
+    ({"auth": {"redisProvisionerPassword": "p@ss/word"}}, "/auth/redisProvisionerPassword'"),
+    (
+        {"externalRedis": {"provisionerUrl": "http://x"}},
+        "/externalRedis/provisionerUrl': 'http://x' does not match",
+    ),
     ({"keyPrefix": "mk:*"}, "/keyPrefix': 'mk:*' does not match pattern"),
     ({"externalRedis": {"url": "http://x"}}, "/externalRedis/url': 'http://x' does not match"),
     ({"checkpoints": {"mountPath": "ckpt"}}, "/checkpoints/mountPath': 'ckpt' does not match"),

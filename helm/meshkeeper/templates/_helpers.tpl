@@ -58,36 +58,56 @@ app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
 {{- end }}
 
 {{/*
-The controller's Redis URL, as REDIS_URL (what `python -m controller` reads): the in-chart
-Redis with the `controller` ACL user, its password from the auth Secret (Kubernetes expands
-$(VAR) from a variable defined before it); an external URL from its Secret. Only the
-controller gets one: agents join through the controller and receive their own Redis user.
+The controller's Redis URLs, as REDIS_URL and REDIS_PROVISIONER_URL (what `python -m
+controller` reads): the in-chart Redis with the `controller` ACL user (its reconcile loop)
+and the `provisioner` user (makes and deletes the agents' users), each password from the auth
+Secret in a variable of its own (Kubernetes expands $(VAR) from a variable defined before
+it); external URLs from their Secret. Only the controller gets them: agents join through the
+controller and receive their own Redis user.
 */}}
 {{- define "meshkeeper.redisEnv" -}}
 {{- if and .Values.redis.enabled .Values.redis.sentinel.enabled }}
 {{- include "meshkeeper.authEnv" (dict "ctx" . "name" "MESHKEEPER_REDIS_PASSWORD" "key" "redis-controller-password") }}
+{{ include "meshkeeper.authEnv" (dict "ctx" . "name" "MESHKEEPER_REDIS_PROVISIONER_PASSWORD" "key" "redis-provisioner-password") }}
 {{ include "meshkeeper.authEnv" (dict "ctx" . "name" "MESHKEEPER_REDIS_SENTINEL_PASSWORD" "key" "redis-sentinel-password") }}
 {{- $sentinels := list }}
 {{- range $node := splitList " " (include "meshkeeper.redisNodes" .) }}
 {{- $sentinels = append $sentinels (printf "%s:26379" $node) }}
 {{- end }}
+{{- $target := printf "%s/%s/0?sentinel_username=discover&sentinel_password=$(MESHKEEPER_REDIS_SENTINEL_PASSWORD)" (join "," $sentinels) .Values.redis.sentinel.masterSet }}
 - name: REDIS_URL
-  value: {{ printf "redis+sentinel://controller:$(MESHKEEPER_REDIS_PASSWORD)@%s/%s/0?sentinel_username=discover&sentinel_password=$(MESHKEEPER_REDIS_SENTINEL_PASSWORD)" (join "," $sentinels) .Values.redis.sentinel.masterSet | quote }}
+  value: {{ printf "redis+sentinel://controller:$(MESHKEEPER_REDIS_PASSWORD)@%s" $target | quote }}
+- name: REDIS_PROVISIONER_URL
+  value: {{ printf "redis+sentinel://provisioner:$(MESHKEEPER_REDIS_PROVISIONER_PASSWORD)@%s" $target | quote }}
 {{- else if .Values.redis.enabled }}
 {{- include "meshkeeper.authEnv" (dict "ctx" . "name" "MESHKEEPER_REDIS_PASSWORD" "key" "redis-controller-password") }}
+{{ include "meshkeeper.authEnv" (dict "ctx" . "name" "MESHKEEPER_REDIS_PROVISIONER_PASSWORD" "key" "redis-provisioner-password") }}
 - name: REDIS_URL
   value: {{ printf "redis://controller:$(MESHKEEPER_REDIS_PASSWORD)@%s-redis:6379/0" (include "meshkeeper.fullname" .) | quote }}
+- name: REDIS_PROVISIONER_URL
+  value: {{ printf "redis://provisioner:$(MESHKEEPER_REDIS_PROVISIONER_PASSWORD)@%s-redis:6379/0" (include "meshkeeper.fullname" .) | quote }}
 {{- else }}
 - name: REDIS_URL
   valueFrom:
     secretKeyRef:
       name: {{ include "meshkeeper.redisSecretName" . }}
       key: {{ .Values.externalRedis.existingSecretKey }}
+{{- if or .Values.externalRedis.existingSecret .Values.externalRedis.provisionerUrl }}
+{{- /* optional: a Secret of yours without the key leaves the controller without a
+provisioner (it warns; agents cannot join) rather than the pod unstartable */}}
+- name: REDIS_PROVISIONER_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "meshkeeper.redisSecretName" . }}
+      key: {{ .Values.externalRedis.existingSecretProvisionerKey }}
+      optional: {{ not .Values.externalRedis.provisionerUrl }}
+{{- end }}
 {{- end }}
 {{- end }}
 
-{{/* The Secret with api-token, scrape-token, join-token and the two Redis passwords (five
-under Sentinel: also replication, sentinel (clients' discovery) and sentinel-peer). */}}
+{{/* The Secret with api-token, scrape-token, join-token and the three Redis passwords (admin,
+controller, provisioner; six under Sentinel: also replication, sentinel (clients' discovery)
+and sentinel-peer). */}}
 {{- define "meshkeeper.authSecretName" -}}
 {{- default (printf "%s-auth" (include "meshkeeper.fullname" .)) .Values.auth.existingSecret }}
 {{- end }}
@@ -102,7 +122,7 @@ installed Secret already holds (lookup: kept across upgrades), else a fresh rand
 {{- if not (hasKey .Values "__authData") }}
 {{- $existing := (lookup "v1" "Secret" .Release.Namespace (include "meshkeeper.authSecretName" .)).data | default dict }}
 {{- $a := .Values.auth }}
-{{- $given := dict "api-token" $a.apiToken "scrape-token" $a.scrapeToken "join-token" $a.joinToken "redis-admin-password" $a.redisAdminPassword "redis-controller-password" $a.redisControllerPassword }}
+{{- $given := dict "api-token" $a.apiToken "scrape-token" $a.scrapeToken "join-token" $a.joinToken "redis-admin-password" $a.redisAdminPassword "redis-controller-password" $a.redisControllerPassword "redis-provisioner-password" $a.redisProvisionerPassword }}
 {{- if and .Values.redis.enabled .Values.redis.sentinel.enabled }}
 {{- $_ := set $given "redis-replication-password" $a.redisReplicationPassword }}
 {{- $_ := set $given "redis-sentinel-password" $a.redisSentinelPassword }}
@@ -147,7 +167,7 @@ checksum/auth: {{ include "meshkeeper.authData" . | sha256sum }}
 {{- if and (not .Values.redis.enabled) (not .Values.externalRedis.url) (not .Values.externalRedis.existingSecret) }}
 {{- fail "redis.enabled is false: set externalRedis.url or externalRedis.existingSecret" }}
 {{- end }}
-{{- if and .Values.redis.enabled (or .Values.externalRedis.url .Values.externalRedis.existingSecret) }}
+{{- if and .Values.redis.enabled (or .Values.externalRedis.url .Values.externalRedis.existingSecret .Values.externalRedis.provisionerUrl) }}
 {{- fail "externalRedis is set but redis.enabled is true: set redis.enabled=false to use the external Redis" }}
 {{- end }}
 {{- $s := .Values.redis.sentinel }}
@@ -162,20 +182,36 @@ checksum/auth: {{ include "meshkeeper.authData" . | sha256sum }}
 {{- if and .Values.externalRedis.url .Values.externalRedis.existingSecret }}
 {{- fail "set one of externalRedis.url and externalRedis.existingSecret, not both" }}
 {{- end }}
+{{- if and .Values.externalRedis.provisionerUrl (not .Values.externalRedis.url) }}
+{{- fail "externalRedis.provisionerUrl goes with externalRedis.url; with externalRedis.existingSecret put the provisioner's URL in that Secret under externalRedis.existingSecretProvisionerKey" }}
+{{- end }}
+{{- if eq .Values.externalRedis.existingSecretKey .Values.externalRedis.existingSecretProvisionerKey }}
+{{- fail "externalRedis.existingSecretKey and externalRedis.existingSecretProvisionerKey name the same key: the controller's and the provisioner's URLs need one each" }}
+{{- end }}
 {{- end }}
 
 {{/*
-The `controller` Redis user's rules: keys and channels under the prefix, no server-wide
-commands, and managing agent users. Must equal services/store.controller_acl (test_helm.py
-checks): the controller creates one user per joined agent and saves them to the aclfile.
+The `controller` Redis user's rules (the reconcile loop): keys and channels under the prefix
+and the server's uptime; no server-wide or user-managing command, and no killing or replacing
+of the scripts agents run. Must equal services/store.controller_acl (test_helm.py checks).
 */}}
 {{- define "meshkeeper.controllerACL" -}}
-{{ printf "~%s* &%s* +@all -@dangerous +info +acl|setuser +acl|deluser +acl|getuser +acl|save +acl|list +client|kill" .Values.keyPrefix .Values.keyPrefix }}
+{{ printf "~%s* &%s* +@all -@dangerous +info -script|kill -script|flush -function" .Values.keyPrefix .Values.keyPrefix }}
+{{- end }}
+
+{{/*
+The `provisioner` Redis user's rules: create, narrow, copy and delete the agents' users and
+cut an old agent's connections at a rejoin; no key, no channel. The controller holds it apart
+from its `controller` user (REDIS_PROVISIONER_URL), so a leaked controller password cannot
+make a Redis user. Must equal services/store.provisioner_acl (test_helm.py checks).
+*/}}
+{{- define "meshkeeper.provisionerACL" -}}
+resetkeys resetchannels -@all +ping +hello +auth +acl|setuser +acl|deluser +acl|getuser +acl|save +acl|list +client|kill
 {{- end }}
 
 {{/*
 The init container of every data node: files/redis/aclfile.sh writes the users file (the
-admin and controller users; under Sentinel also `replica` and `sentinel`, services/store.py
+admin, controller and provisioner users; under Sentinel also `replica` and `sentinel`, services/store.py
 acl_file) and keeps the agent users the controller saved.
 */}}
 {{- define "meshkeeper.redisAclInit" -}}
@@ -189,6 +225,8 @@ acl_file) and keeps the agent users the controller saved.
     {{- include "meshkeeper.authEnv" (dict "ctx" . "name" "ADMIN_PASSWORD" "key" "redis-admin-password") | nindent 4 }}
     {{- include "meshkeeper.authEnv" (dict "ctx" . "name" "CONTROLLER_PASSWORD" "key" "redis-controller-password") | nindent 4 }}
     - {name: CONTROLLER_ACL, value: {{ include "meshkeeper.controllerACL" . | quote }}}
+    {{- include "meshkeeper.authEnv" (dict "ctx" . "name" "PROVISIONER_PASSWORD" "key" "redis-provisioner-password") | nindent 4 }}
+    - {name: PROVISIONER_ACL, value: {{ include "meshkeeper.provisionerACL" . | quote }}}
     {{- if $r.sentinel.enabled }}
     {{- include "meshkeeper.authEnv" (dict "ctx" . "name" "REPLICATION_PASSWORD" "key" "redis-replication-password") | nindent 4 }}
     - {name: REPLICA_ACL, value: {{ include "meshkeeper.replicaACL" . | quote }}}
