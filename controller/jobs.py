@@ -261,6 +261,8 @@ def submit(
             "owner": owner,
             "spec": spec.model_dump(mode="json"),
             "submitted_at": now,
+            # submitted suspended (Kueue's contract): the pass suspends it before placing it
+            "suspend_requested": "1" if spec.suspend else "0",
             **job.fields(),
         },
     )

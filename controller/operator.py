@@ -2,7 +2,8 @@
 
 create/resume  submit .spec to the controller (once: the job id is kept in status.jobID)
 timer          mirror the job's status into .status (conditions, phase, restarts, step,
-               lastCheckpoint) and post an Event on every phase change and recovery
+               lastCheckpoint) and post an Event on every phase change and recovery; and
+               follow .spec.suspend (the field Kueue sets): suspend or resume the job
 delete         cancel the job; a finalizer holds the object until then, and gives up after
                a bounded number of tries so that an unreachable controller never leaves the
                resource stuck
@@ -185,6 +186,7 @@ def mirror(
             )
             return
         raise kopf.TemporaryError(f"controller: {e}", delay=RETRY_DELAY_S) from e
+    follow_suspend(body, job, memo.client)
     new = status_from_job(job, gen)
     old = {k: status.get(k) for k in new}
     if new == old:
@@ -203,6 +205,23 @@ def mirror(
     if new["phase"] != old["phase"]:
         kind = "Warning" if new["phase"] in ("Failed", "Recovering") else "Normal"
         kopf.event(body, type=kind, reason=new["phase"], message=f"job {job_id} is {new['phase']}")
+
+
+def follow_suspend(body: kopf.Body, job: Any, client: Client) -> None:
+    """Bring the job to the object's `.spec.suspend`: the only field of a TrainingJob's spec
+    that may change (a queue admits and evicts by it). A 409 means the job is there already
+    (or ended): nothing to do."""
+    want = bool(body["spec"].get("suspend", False))
+    if job.phase in TERMINAL or want == job.suspend_requested:
+        return
+    try:
+        (client.suspend if want else client.resume)(job.id)
+    except ApiError as e:
+        if e.status == 409:
+            return
+        raise kopf.TemporaryError(f"controller: {e}", delay=RETRY_DELAY_S) from e
+    verb = "Suspending" if want else "Resuming"
+    kopf.event(body, type="Normal", reason=verb, message=f"spec.suspend is {str(want).lower()}")
 
 
 def cancel(

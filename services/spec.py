@@ -478,6 +478,12 @@ class JobSpec(Strict):
         default=PreemptionSpec(),
         description="Stopping the job to free its workers (suspend): the commit it is given",
     )
+    suspend: bool = Field(
+        default=False,
+        description="Submit the job suspended: it waits, holding no workers, until it is "
+        "resumed (POST /v1/jobs/{id}/resume, or false on a TrainingJob). A queue such as "
+        "Kueue admits a workload this way.",
+    )
     chaos: ChaosSpec | None = Field(
         default=None,
         description="Fault injection (tests and demonstrations only): refused unless the "

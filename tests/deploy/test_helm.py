@@ -352,6 +352,36 @@ def test_the_crd_keeps_every_section_of_the_job_spec():
     assert set(spec["properties"]) == set(JobSpec.model_fields) - {"chaos"}
 
 
+def crd_spec_rules() -> list[str]:
+    crd = yaml.safe_load((dt.CHART / "crds" / "trainingjobs.meshkeeper.io.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    return [v["rule"] for v in spec["x-kubernetes-validations"]]
+
+
+def crd_allows(old: dict, new: dict) -> bool:
+    """Whether the API server would take `new` over `old` as a TrainingJob's spec: the CRD's
+    transition rules, evaluated by a CEL runtime (cel-python), not by reading them."""
+    import celpy
+
+    env = celpy.Environment()
+    bound = {"self": celpy.json_to_cel(new), "oldSelf": celpy.json_to_cel(old)}
+    return all(bool(env.program(env.compile(r)).evaluate(bound)) for r in crd_spec_rules())
+
+
+def test_a_trainingjobs_spec_is_immutable_but_for_suspend():
+    from services.spec import JobSpec
+
+    job = {"name": "t", "model": {"preset": "tiny"}, "train": {"steps": 10}, "suspend": False}
+    assert crd_allows(job, {**job, "suspend": True})  # what Kueue and people flip
+    assert crd_allows(job, {k: v for k, v in job.items() if k != "suspend"})
+    assert not crd_allows(job, {**job, "train": {"steps": 11}})
+    assert not crd_allows(job, {**job, "eval": {"every_steps": 5}})  # a section added
+    assert not crd_allows({**job, "eval": {"every_steps": 5}}, job)  # or taken away
+    # every section but suspend (and chaos, which the CRD never carries) has its rule
+    guarded = {f for f in JobSpec.model_fields for r in crd_spec_rules() if f"self.{f})" in r}
+    assert guarded == set(JobSpec.model_fields) - {"suspend", "chaos"}
+
+
 def _expand(value: str, env: dict[str, str]) -> str:
     """Kubernetes' $(VAR) expansion in args and env values."""
     for name, v in env.items():

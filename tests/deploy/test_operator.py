@@ -25,9 +25,11 @@ import pytest_asyncio
 
 from controller import operator
 from controller.k8s import KubernetesActions
+from controller.operator import TERMINAL
 from services.client import Client
 from services.procs import free_port, stop_all
 from services.tokens import new_token
+from tests.chaos.chaos import paced_spec, resumed_once
 from tests.security.smallpool import SmallPool
 from tests.stack import ENV, Proc, RedisServer, agent_argv, tiny_spec
 
@@ -502,3 +504,48 @@ async def test_a_killed_worker_is_replaced_on_kubernetes_and_the_operator_mirror
     finally:
         stop_all([a.p for a in agents], 10)
         pool.close()
+
+
+async def set_suspend(kmock, name: str, suspend: bool) -> None:
+    """What Kueue (or a person with kubectl) does: flip the TrainingJob's spec.suspend."""
+    await k8s(kmock, "PATCH", f"{TJ_URL}/{name}", {"spec": {"suspend": suspend}})
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_spec_suspend_holds_a_new_job_and_stops_and_resumes_a_running_one(
+    kmock, run_operator, api_token, tmp_path, monkeypatch, uninterrupted
+):
+    """Kueue's contract for a workload: created with spec.suspend true, the job waits and
+    holds no worker; set false, it runs; true again, it commits a step and frees its workers;
+    false, it resumes from that step and ends with the uninterrupted loss curve, bit for bit,
+    no restart counted. The operator follows the field (real controller and agents)."""
+    monkeypatch.setitem(ENV, "MESHKEEPER_API_TOKEN", api_token)  # the operator's, an admin's
+    pool = await asyncio.to_thread(SmallPool, tmp_path, 3, ["--allow-chaos"])
+    try:
+        await run_operator(pool.controller.url)
+        job_spec = paced_spec("tj-suspend")
+        want = await asyncio.to_thread(uninterrupted, job_spec)
+        spec = {**{k: v for k, v in job_spec.items() if k != "name"}, "suspend": True}
+        await create_tj(kmock, "tj-suspend", spec)
+        jid = await eventually(lambda: status(kmock, "tj-suspend").get("jobID"), "status.jobID")
+        await eventually(lambda: status(kmock, "tj-suspend").get("phase") == "Suspended", "held")
+        held = pool.client.job(jid)
+        assert (held.phase, held.generation, held.mesh.ranks) == ("Suspended", 0, [])
+
+        await set_suspend(kmock, "tj-suspend", False)  # admitted
+        await eventually(lambda: pool.client.job(jid).step >= 4, "training", 120)
+        await set_suspend(kmock, "tj-suspend", True)  # evicted
+        stopped = await eventually(
+            lambda: (j := pool.client.job(jid)).phase == "Suspended" and j, "suspended", 90
+        )
+        assert stopped.step == stopped.last_checkpoint.step and stopped.generation == 1
+        assert events(kmock, "Suspending") and events(kmock, "Resuming")
+
+        await set_suspend(kmock, "tj-suspend", False)  # admitted again
+        done = await eventually(
+            lambda: (j := pool.client.job(jid)).phase in TERMINAL and j, "the end", 180
+        )
+        await asyncio.to_thread(resumed_once, pool, done, want)
+    finally:
+        await asyncio.to_thread(pool.close)
