@@ -9,9 +9,9 @@ never see more than the limit, so no caller, authenticated or not, makes the con
 
 from __future__ import annotations
 
-import json
-
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from controller.asgi_answer import refuse
 
 
 class _TooLarge(Exception):
@@ -57,16 +57,4 @@ class BodyLimit:
                 await self._refuse(send, "the body is over the limit of")
 
     async def _refuse(self, send: Send, what: str) -> None:
-        body = json.dumps({"detail": f"{what} {self.limit} bytes", "problems": []}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await refuse(send, 413, f"{what} {self.limit} bytes")

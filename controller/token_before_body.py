@@ -10,10 +10,9 @@ for the join, the join token. Which role may call what is still each route's dep
 
 from __future__ import annotations
 
-import json
-
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from controller.asgi_answer import refuse
 from controller.auth import HOW_TO, Auth
 
 JOIN_PATH = "/v1/agents/join"
@@ -32,25 +31,12 @@ class TokenBeforeBody:
             or self._known(scope)
         ):
             return await self.app(scope, receive, send)
-        body = json.dumps(
-            {
-                "detail": f"{scope['method']} {scope['path']} needs a valid bearer token; {HOW_TO}",
-                "problems": [],
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"www-authenticate", b'Bearer realm="meshkeeper"'),
-                    (b"connection", b"close"),  # the unread body is not waited for
-                ],
-            }
+        await refuse(
+            send,
+            401,
+            f"{scope['method']} {scope['path']} needs a valid bearer token; {HOW_TO}",
+            [(b"www-authenticate", b'Bearer realm="meshkeeper"')],
         )
-        await send({"type": "http.response.body", "body": body})
 
     def _known(self, scope: Scope) -> bool:
         header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")

@@ -100,19 +100,26 @@ def test_a_spec_at_the_depth_limit_is_judged_as_a_spec(http):
     assert [p["field"] for p in doc["problems"]] == ["colour"]
 
 
-@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/agents/join", "/v1/plan"])
-def test_a_declared_oversized_body_is_refused_unread(api, path):
-    """Only the headers are sent, with no token (50 MB promised): the answer comes without
-    waiting for the promised bytes, on every route that takes a body."""
+def headers_only(api, path: str, length: int, extra: str = "") -> bytes:
+    """POST `path` promising `length` bytes of body and sending none: the answer, read until
+    its JSON ends (or the connection closes; a socket timeout means no answer came)."""
     host, port = api.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
         sock.sendall(
             f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {50 * MAX_BODY}\r\n\r\n".encode()
+            f"{extra}Content-Length: {length}\r\n\r\n".encode()
         )
         answer = b""
         while not answer.endswith(b"}") and (chunk := sock.recv(65536)):
             answer += chunk
+    return answer
+
+
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/agents/join", "/v1/plan"])
+def test_a_declared_oversized_body_is_refused_unread(api, path):
+    """Only the headers are sent, with no token (50 MB promised): the answer comes without
+    waiting for the promised bytes, on every route that takes a body."""
+    answer = headers_only(api, path, 50 * MAX_BODY)
     assert answer.startswith(b"HTTP/1.1 413"), answer
     assert f"limit is {MAX_BODY}".encode() in answer
 
@@ -231,15 +238,7 @@ def test_the_api_docs_load_nothing_from_outside_the_controller(api):
 def test_an_unauthenticated_body_is_refused_unread(api, path, token):
     """A body under the limit is promised and never sent: without a valid token the answer is
     401 from the headers alone, instead of the controller waiting for (and buffering) it."""
-    host, port = api.url.removeprefix("http://").split(":")
     auth = f"Authorization: Bearer {token}\r\n" if token else ""
-    with socket.create_connection((host, int(port)), timeout=5) as sock:
-        sock.sendall(
-            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n{auth}"
-            f"Content-Length: {MAX_BODY // 2}\r\n\r\n".encode()
-        )
-        answer = b""
-        while not answer.endswith(b"}") and (chunk := sock.recv(65536)):
-            answer += chunk
+    answer = headers_only(api, path, MAX_BODY // 2, auth)
     assert answer.startswith(b"HTTP/1.1 401"), answer
     assert b'www-authenticate: bearer realm="meshkeeper"' in answer.lower(), answer
