@@ -88,6 +88,19 @@ class ExportReport(Record):
     error: str | None = None  # why it was not written
 
 
+class Overheads(Record):
+    """What a rank's training thread spent in its generation, since its first step, outside
+    the steps: blocked on checkpoint saves (each save's `blocking_s`), blocked on in-memory
+    snapshots (each snapshot's `blocking_s`), and evaluating (each step's `eval_s`). Totals
+    only grow within a generation; the controller's goodput ledger takes rank 0's
+    (controller/goodput.py). What came before the first step lies in the start or the
+    recovery the controller times up to that step, so it is not counted here."""
+
+    checkpoint_s: float = 0.0
+    snapshot_s: float = 0.0
+    eval_s: float = 0.0
+
+
 class RankReport(Record):
     """What an agent publishes for one rank it runs (the `ranks` field of
     `worker:{wid}:progress`, a JSON object keyed by rank). Times are Redis server time."""
@@ -144,6 +157,7 @@ class RankReport(Record):
     # checkpoint.export_hf, once the trainer tried it (rank 0): the directory, the step, and
     # its size, or why it failed (`ExportReport`)
     export: ExportReport | None = None
+    overheads: Overheads = Overheads()  # this generation's totals so far
 
 
 class FaultRecord(Record):

@@ -30,12 +30,14 @@ def test_unusable_path_keeps_training_and_previous_checkpoint(tmp_path):
     assert committed_steps(root) == [5, 15]
     store = CheckpointStore(root, JOB)
     assert store.verify(store.pointer(5)).step == 5
-    events = [
-        json.loads(x)
-        for x in (run_dir / "steps.jsonl").read_text().splitlines()
-        if "checkpoint_failed" in x
-    ]
+    lines = [json.loads(x) for x in (run_dir / "steps.jsonl").read_text().splitlines()]
+    events = [x for x in lines if x.get("event") == "checkpoint_failed"]
     assert [e["step"] for e in events] == [10]
+    # what each save held training for, failed or not (the goodput ledger's checkpoint time):
+    # a sync save holds it for all of its writing
+    saves = [x for x in lines if x.get("event") == "checkpoint"]
+    assert [e["step"] for e in saves] == [5, 15] and all(e["blocking_s"] > 0 for e in saves)
+    assert events[0]["blocking_s"] >= 0
 
 
 @pytest.fixture

@@ -9,11 +9,13 @@ import logging
 from services.records import RankReport, StepRecord
 from worker.agent.metrics_tail import (
     CheckpointCommitted,
+    CheckpointFailed,
     CorruptionFound,
     MetricsTail,
     Milestone,
     OtherEvent,
     Restored,
+    SnapshotTaken,
 )
 from worker.agent.rank_progress import RankProgress
 
@@ -109,6 +111,7 @@ def test_step_is_the_trainers_completed_steps_and_the_resume_step_before_the_fir
         "compute_avg": (0.1 + 0.2) / 2,
         "compute_min": 0.1,
         "window_n": 2,
+        "overheads": {"checkpoint_s": 0.0, "snapshot_s": 0.0, "eval_s": 0.0},
     }
 
 
@@ -177,3 +180,28 @@ def test_a_corruption_report_keeps_which_check_found_it():
         CorruptionFound(**line, ranks=[1], suspects=[1], detail="moved"), now=104.0, offset=0.0
     )
     assert p.fields()["sdc"]["check"] == "at_rest"
+
+
+def test_overheads_total_what_the_training_thread_spent_outside_steps_after_the_first():
+    """The goodput ledger's checkpoint, snapshot and eval time (controller/goodput.py): each
+    save's and snapshot's blocking time and each eval's time, from the generation's first step
+    on. The snapshot of the state it resumed at and the first step's eval come before that
+    step's line (its first_step_at): they are the start's, which the controller times."""
+    p = RankProgress(started_at=100.0)
+    p.absorb(Milestone(event="ready", ready_at=1.0, start_step=40), now=101.0, offset=100.0)
+    lines = [
+        SnapshotTaken(event="snapshot", step=40, blocking_s=0.5),  # the start state's
+        StepRecord(**step(41), eval_loss=3.0, eval_s=1.0),  # the first step's eval
+        SnapshotTaken(event="snapshot", step=41, blocking_s=0.25),
+        CheckpointCommitted(event="checkpoint", step=41, blocking_s=0.125),
+        StepRecord(**step(42), eval_loss=2.9, eval_s=1.5),
+        CheckpointFailed(event="checkpoint_failed", step=42, blocking_s=0.0625),
+        SnapshotTaken(event="snapshot", step=42),  # an older trainer's line: no time
+    ]
+    for line in lines:
+        p.absorb(line, now=102.0, offset=100.0)
+    assert RankReport(**p.fields()).overheads.model_dump() == {
+        "checkpoint_s": 0.1875,
+        "snapshot_s": 0.25,
+        "eval_s": 1.5,
+    }

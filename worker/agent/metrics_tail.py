@@ -54,6 +54,7 @@ class SnapshotTaken(Record):
     # "memory" (copied from that file, where no link could be made) or "network"
     held_via: dict[str, str] | None = None
     error: str | None = None
+    blocking_s: float | None = None  # training time spent taking it and waiting for its copies
 
 
 class CorruptionFound(Record):
@@ -85,6 +86,7 @@ class CheckpointFailed(Record):
     event: Literal["checkpoint_failed"]
     step: int
     error: str = ""
+    blocking_s: float | None = None  # training time the failed save blocked
 
 
 class Exported(ExportReport):

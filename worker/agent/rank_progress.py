@@ -11,6 +11,11 @@ report going back to 0 while it restores.
 
 A validation runs every `eval.every_steps` steps only: its loss (with the step it was measured
 at) stays in the report until the next one, so a report between two evals still shows it.
+
+`overheads` totals the time the training thread spent outside steps since the generation's
+first step (services/records.py, `Overheads`): the first step's own eval ends before its line
+is written, which is the rank's first_step_at, and the snapshot of the state it started from
+is waited for within that first step; both lie in the start the controller times.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.records import ExportReport, StepRecord
+from services.records import ExportReport, Overheads, StepRecord
 from worker.agent.metrics_tail import (
+    CheckpointCommitted,
+    CheckpointFailed,
     CorruptionFound,
     Exported,
     Milestone,
@@ -48,6 +55,7 @@ class RankProgress:
     snapshot_error: str | None = None  # the latest snapshot failure
     sdc: dict[str, Any] | None = None  # silent data corruption found (RankReport.sdc)
     export: ExportReport | None = None  # checkpoint.export_hf's outcome (RankReport.export)
+    overheads: Overheads = field(default_factory=Overheads)  # since the first step
     # the straggler signal over the window: probe_s on a GPU (its step clock counts waits on
     # NCCL as compute; worker/trainer/device_probe.py), else compute_s
     computes: deque[float] = field(default_factory=deque)
@@ -73,11 +81,17 @@ class RankProgress:
             if line.held:
                 self.held_step = min(line.held.values())
             self.snapshot_error = line.error
+            if line.blocking_s and line.step > (self.start_step or 0):  # not the start state's
+                self.overheads.snapshot_s += line.blocking_s
+        elif isinstance(line, (CheckpointCommitted, CheckpointFailed)):
+            self.overheads.checkpoint_s += line.blocking_s or 0.0
         elif isinstance(line, CorruptionFound):
             self.sdc = line.model_dump(exclude={"event"})
         elif isinstance(line, Exported):
             self.export = ExportReport.model_validate(line.model_dump(exclude={"event"}))
         elif isinstance(line, StepRecord):
+            if self.last is not None and line.eval_s:  # not the first step's: see above
+                self.overheads.eval_s += line.eval_s
             self.last, self.state = line, "running"
             if line.eval_loss is not None:
                 self.last_eval = line
@@ -123,4 +137,5 @@ class RankProgress:
             "held_step": self.held_step,
             "sdc": self.sdc,
             "export": self.export,
+            "overheads": self.overheads.model_copy(),
         }

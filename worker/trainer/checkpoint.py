@@ -203,7 +203,7 @@ class Checkpointer:
                     resp.staging_completion,
                 )
         except SAVE_ERRORS as e:  # storage errors must not stop training
-            self._failed(step, e)
+            self._failed(step, e, time.perf_counter() - t0)
             return
         if self.mode == "sync":
             self.finish()
@@ -224,14 +224,21 @@ class Checkpointer:
             self._settled(self.settling.pop(0))
 
     def finish(self) -> None:
-        """Wait for the in-flight upload (not for its hashing), then queue its commit."""
+        """Wait for the in-flight upload (not for its hashing), then queue its commit. A wait
+        here holds the training thread (the next save's, or the last at close): it counts as
+        the save's blocking time."""
         p, self.pending = self.pending, None
         if p is None:
             return
+        t0 = time.perf_counter()
+        error: BaseException | None = None
         try:
             p.upload.result()
         except SAVE_ERRORS as e:
-            self._failed(p.step, e)
+            error = e
+        p.blocking_s += time.perf_counter() - t0
+        if error is not None:
+            self._failed(p.step, error, p.blocking_s)
             return
         # Every rank reached here: DCP's upload future completes only after the
         # coordinator gathered all ranks' write results.
@@ -253,7 +260,7 @@ class Checkpointer:
         p = s.save
         err = s.done.result()
         if err is not None:
-            self._failed(p.step, err)
+            self._failed(p.step, err, p.blocking_s)
             return
         self.last_committed = p.step
         self.report(
@@ -267,7 +274,7 @@ class Checkpointer:
             }
         )
 
-    def _failed(self, step: int, err: BaseException) -> None:
+    def _failed(self, step: int, err: BaseException, blocking_s: float) -> None:
         if self.rank == 0:
             self.store.discard(step)
             print(
@@ -282,12 +289,16 @@ class Checkpointer:
                 "event": "checkpoint_failed",
                 "step": step,
                 "error": f"{type(err).__name__}: {err}"[:500],
+                "blocking_s": blocking_s,
             }
         )
 
     def close(self) -> None:
         self.finish()
-        self.hashing.shutdown(wait=True)
+        t0 = time.perf_counter()
+        self.hashing.shutdown(wait=True)  # the last commit: the trainer waits for it to exit
+        if self.settling:
+            self.settling[-1].save.blocking_s += time.perf_counter() - t0
         for s in self.settling:
             self._settled(s)
         self.settling = []

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -320,6 +321,12 @@ class Snapshotter:
         )
         self.copying: Future | None = None
         self.exchanges: list[Future] = []
+        # Seconds the training thread spent on each snapshot (by step: taking it, then waiting
+        # for its exchange), until its line reports them as `blocking_s` (the goodput ledger's
+        # snapshot cost). Its wait comes before its line: the line is reported once the
+        # exchange is done, and a done exchange is never waited on.
+        self.blocked: dict[int, float] = {}
+        self.newest: int | None = None  # the step of the newest snapshot taken
         self.peer_maps: dict[Path, torch.Tensor] = {}
         self._layouts: dict[bool, tuple[tuple, list, int]] = {}  # whole or not -> `_layout`
         self.tail: Tail | None = None  # set by the copy thread, read once its copy is awaited
@@ -393,6 +400,7 @@ class Snapshotter:
     ) -> None:
         """Snapshot the state after `step` completed steps; `checked`: the corruption check
         at this step passed. A logged step where the chain allows one, else the whole state."""
+        started = time.perf_counter()
         self.wait_copied()
         grads, self.grads = self.grads, None
         tail = self.tail  # the copy just awaited set it
@@ -416,6 +424,8 @@ class Snapshotter:
         slot = grads[2] if logged else None
         self.copying = self.thread.submit(self._copy, step, captured, ready, checked, prev, slot)
         self.exchanges.append(self.thread.submit(self._exchange, self.copying))
+        self.newest = step
+        self.blocked[step] = self.blocked.get(step, 0.0) + time.perf_counter() - started
 
     def wait_copied(self) -> None:
         """Block until the in-flight copy no longer reads the live tensors."""
@@ -427,13 +437,18 @@ class Snapshotter:
         is gone. Called before each optimizer step, so no rank updates past a step whose copy
         its holder lacks, and a kill redoes at most one step (the exchange otherwise lags the
         training at SCHED_IDLE, and a kill then found only older held copies)."""
-        wait(self.exchanges[-1:])
+        newest = self.exchanges[-1:]
+        if newest and not newest[0].done():  # not reported yet: its line will carry the wait
+            started = time.perf_counter()
+            wait(newest)
+            self.blocked[self.newest] += time.perf_counter() - started
 
     def poll(self) -> None:
         """Report the snapshots whose exchange finished (on the training thread: the metrics
         file has one writer)."""
         while self.exchanges and self.exchanges[0].done():
-            self.report(self.exchanges.pop(0).result())
+            line = self.exchanges.pop(0).result()
+            self.report({**line, "blocking_s": self.blocked.pop(line["step"], 0.0)})
 
     def close(self) -> None:
         self.thread.shutdown(wait=True)
