@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import random
 
-from controller import history, quarantine
+from controller import goodput, history, quarantine
 from controller.decisions import (
     Complete,
     Decision,
@@ -392,6 +392,7 @@ def _stop(
     """Condition `outcome` set and Running unset, the ranks' last progress and final view
     kept on the job, every worker released and an event; written with whatever `tx` holds."""
     job = view.job
+    goodput.stopped(job, ctx.now)
     _absorb(ctx, job, view.ranks, tx)
     # ranks still going are being stopped by this very transaction
     job.final_ranks = [

@@ -362,7 +362,8 @@ def new_record(
     job: Job, ranks: list[RankStatus], cause: str, faults: list[FaultRecord], now: float
 ) -> RecoveryRecord:
     return RecoveryRecord(
-        n=len(job.recoveries) + 1,
+        # after the newest kept: the list is trimmed, and the ledger counts records by number
+        n=(job.recoveries[-1].n if job.recoveries else 0) + 1,
         cause=cause,
         faults=faults,
         fault_at=min((f.fault_at for f in faults), default=now),

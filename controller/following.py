@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controller import apply, faults, suspending
+from controller import apply, faults, goodput, suspending
 from controller.availability import RedisAvailability
 from controller.jobs import Job
 from controller.passes import JobView, Pass
@@ -28,6 +28,7 @@ def follow(ctx: Pass, job: Job, availability: RedisAvailability) -> None:
     judge = seen if availability.steady(dead_after) else None
     alive = {w for w, t in seen.items() if ctx.now - t <= dead_after} if judge is not None else None
     view = JobView(job, asg, rank_view(asg, progress, alive))
+    goodput.account(job, ctx.now, view.ranks, seen)
     if all(r.state == "succeeded" for r in view.ranks):
         # A generation can train to its end unwatched (its controller killed mid-recovery,
         # the next one taking the lease later): its recovery is completed in the same write,

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from controller.conditions import condition, phase_of, set_condition
+from controller.goodput import Ledger
 from controller.ranks import Progress
 from services.api import RankStatus
 from services.records import RecoveryRecord, StragglerFlag
@@ -58,6 +59,11 @@ class Job:
     current: dict = field(default_factory=dict)  # {dp, microbatches} when dp was shrunk
     straggler: StragglerFlag | None = None  # reported, not replaced (action report, no spare)
     owner: str | None = None  # the submitting token's name (None: submitted before auth)
+    goodput: Ledger | None = None  # the wall time since submission, split (controller/goodput)
+
+    def __post_init__(self) -> None:
+        if self.goodput is None:
+            self.goodput = Ledger(at=self.submitted_at or 0.0)
 
     @property
     def phase(self) -> str:
@@ -152,6 +158,7 @@ class Job:
             "drain": self.drain,
             "preempted_by": self.preempted_by or "",  # "" clears it (None is not written)
             "straggler": self.straggler.model_dump(mode="json") if self.straggler else None,
+            "goodput": self.goodput.model_dump(mode="json"),
         }
 
     @classmethod
@@ -170,6 +177,8 @@ class Job:
             recoveries = _RECOVERIES.validate_python(loads(h.get("recoveries"), []))
             flag = loads(h.get("straggler"))
             straggler = StragglerFlag.model_validate(flag) if flag else None
+            ledger = loads(h.get("goodput"))
+            goodput = Ledger.model_validate(ledger) if ledger else None
         except ValidationError:
             return None
         return cls(
@@ -199,6 +208,7 @@ class Job:
             current=loads(h.get("current"), {}),
             straggler=straggler,
             owner=h.get("owner") or None,
+            goodput=goodput,
         )
 
 

@@ -10,6 +10,7 @@ from collections import Counter
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from controller import goodput
 from controller.conditions import PHASES
 from controller.jobs import Job
 from controller.ranks import rank_view, summarize
@@ -74,10 +75,17 @@ class JobFamilies:
             "How long the job has been recovering (only while it is)",
             labels=L,
         )
+        self.seconds = c(
+            "meshkeeper_job_seconds",
+            "The job's wall time since admission by where it went (its goodput ledger's "
+            "parts, settled): productive, redone, recovery, checkpoint, snapshot, eval, "
+            "waiting, suspended",
+            labels=[*L, "cause"],
+        )
         self.goodput = g(
             "meshkeeper_goodput_ratio",
-            "Share of the wall time since the job started not lost to recoveries "
-            "(fault to the new generation's first step) or to the steps they redid",
+            "Effective training time ratio (ETTR): productive time over the wall time since "
+            "admission less the time suspended or preempted (the goodput ledger)",
             labels=L,
         )
 
@@ -108,8 +116,10 @@ class JobFamilies:
         self.spares.add_metric(jid, len(asg.spares) if asg else 0)
         self._checkpoint(job, store.checkpoint(job.id), now)
         self._recoveries(job, now)
-        if (ratio := goodput(job, now)) is not None:
-            self.goodput.add_metric(jid, ratio)
+        for part, seconds in goodput.settled(job, now).items():
+            self.seconds.add_metric([job.id, part.removesuffix("_s")], seconds)
+        if (ettr := goodput.view(job, now).ettr) is not None:
+            self.goodput.add_metric(jid, ettr)
 
     def _checkpoint(self, job: Job, ckpt: dict[str, str], now: float) -> None:
         jid = [job.id]
@@ -137,25 +147,6 @@ class JobFamilies:
         cond = job.condition("Recovering")
         if job.phase == "Recovering" and cond and cond.get("lastTransitionTime"):
             self.recovering.add_metric(jid, max(0.0, now - float(cond["lastTransitionTime"])))
-
-
-def goodput(job: Job, now: float) -> float | None:
-    """The share of the wall time since the job started that it did not lose to faults: each
-    recovery's time from the fault to the new generation's first step (an open one's until
-    now), and the time of the steps it redid (steps redone x the latest step time). None
-    before the first step (no step time yet). Counting kept steps x the latest step time
-    instead read 1.0 after two kills and 25 redone steps: one slow step outweighed them.
-    Recoveries trimmed from the job's bounded list no longer count (issue 23's ledger is to
-    keep them all)."""
-    if not job.started_at or not job.step_s or now <= job.started_at:
-        return None
-    wall = now - job.started_at
-    lost = 0.0
-    for r in job.recoveries:
-        total = (r.durations or {}).get("total_s")
-        lost += total if total is not None else (r.completed_at or now) - r.fault_at
-        lost += (r.steps_lost or 0) * job.step_s
-    return max(0.0, 1.0 - lost / wall)
 
 
 def rank_state(rank: RankStatus, job: Job) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from controller import quarantine
+from controller import goodput, quarantine
 from controller.apply import start_generation
 from controller.jobs import Job
 from controller.passes import Pass
@@ -67,6 +67,7 @@ def try_start(ctx: Pass, job: Job) -> Placement | None:
     if placed is None:
         return None
     job.started_at = job.started_at or ctx.now
+    goodput.placed(job, ctx.now)  # before it stops being Pending (or Preempted)
     layout = Layout(shape, placed.ranks, job.microbatches or p.microbatches, {}, placed.spares)
     if (job.condition("Preempted") or {}).get("status") == "True":
         job.set("Preempted", False, "Placed", "placed again after its preemption", ctx.now)

@@ -13,7 +13,7 @@ import logging
 
 import redis
 
-from controller import apply, placing, preempting, suspending, waiting
+from controller import apply, goodput, placing, preempting, suspending, waiting
 from controller.availability import RedisAvailability
 from controller.following import follow
 from controller.jobs import Job
@@ -96,6 +96,8 @@ class Scheduler:
         jobs: list[Job],
     ) -> str | None:
         """One job's turn in the pass; returns the job that reserves the pool, if any."""
+        if job is not None:  # its time until now, by the state it was in, before it changes
+            goodput.account(job, ctx.now)
         if job is None:  # half-written, deleted, or unreadable: drop it from the queue
             log.warning("job %s: no readable record; removed from the queue", jid)
             ctx.commit(Tx().zrem(self.store.keys.jobs_open(), jid))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from controller import history
+from controller import goodput, history
 from controller.conditions import TERMINAL
 from controller.jobs import Job
 from controller.placement import natural_key
@@ -91,6 +91,7 @@ def job_status(store: Store, job: Job, alive_within_s: float) -> api.JobStatus:
         straggler=job.straggler
         if job.straggler and job.straggler.generation == job.generation
         else None,
+        goodput=goodput.view(job, store.now()),
         mesh=api.Mesh(
             shape=shape,
             generation=asg.generation if asg else None,

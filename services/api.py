@@ -102,6 +102,59 @@ class JobSummary(Doc):
     owner: str | None = None  # the name of the token that submitted it
 
 
+class GoodputParts(Doc):
+    """Where the wall time since admission went: no second in two parts, none in none."""
+
+    productive_s: float = Field(
+        description="training that counts: the time a world trained, less the parts below "
+        "that happened while it did (redone, checkpoint, snapshot, eval)"
+    )
+    redone_s: float = Field(
+        description="training steps the job had done before: a world behind the furthest step "
+        "the job reached, after a recovery or a stop that lost steps"
+    )
+    recovery_s: float = Field(
+        description="each recovery from its fault to its new world's first step (the records' "
+        "durations.total_s), waiting for workers after a fault included"
+    )
+    checkpoint_s: float = Field(description="training held by checkpoint saves (rank 0's)")
+    snapshot_s: float = Field(description="training held by in-memory snapshots (rank 0's)")
+    eval_s: float = Field(description="validation (eval.every_steps), rank 0's")
+    waiting_s: float = Field(
+        description="queued for capacity or quota, and a placement's start until its first "
+        "step, unless it follows a suspend or a preemption"
+    )
+    suspended_s: float = Field(
+        description="suspended, or preempted and queued again, until the next world's first step"
+    )
+
+
+class RecoveryPhases(Doc):
+    """`recovery_s` by phase, from each recovery's record (docs/fault-tolerance.md)."""
+
+    detect_s: float = Field(description="from the fault until the controller saw it")
+    decide_s: float = Field(
+        description="until the new world was written (for a recovery that waited for workers, "
+        "until they came)"
+    )
+    rendezvous_s: float = Field(description="until every rank met its peers")
+    restore_s: float = Field(description="until every rank restored its state")
+    first_step_s: float = Field(description="until every rank finished its first step")
+
+
+class Goodput(Doc):
+    """The job's goodput ledger (docs/architecture.md, "The goodput ledger"): its wall time
+    since admission, split into parts that add up to it."""
+
+    wall_s: float = Field(description="since admission (submitted_at), until now or the end")
+    ettr: float | None = Field(
+        description="effective training time ratio: productive_s / (wall_s - suspended_s); "
+        "None before any time that was not suspended"
+    )
+    parts: GoodputParts
+    recovery_phases: RecoveryPhases
+
+
 class JobStatus(JobSummary):
     conditions: list[Condition]
     tokens_per_s: float | None = None
@@ -122,6 +175,7 @@ class JobStatus(JobSummary):
     mesh: Mesh
     recoveries: list[RecoveryRecord] = []
     straggler: StragglerFlag | None = None  # reported, not replaced, in this generation
+    goodput: Goodput | None = None
     spec: dict[str, Any]
 
     def condition(self, type_: str) -> Condition | None:

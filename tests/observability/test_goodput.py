@@ -1,13 +1,14 @@
-"""`meshkeeper_goodput_ratio` (controller/metrics_jobs.py) as a scrape of a real Redis reads
-it: the wall time since the start less each recovery's time and its redone steps' time."""
+"""The goodput ledger's metrics (controller/metrics_jobs.py) as a scrape of a real Redis reads
+them: `meshkeeper_job_seconds_total{cause}` is the ledger's parts as charged for good
+(controller/goodput.py), so it never goes back, and `meshkeeper_goodput_ratio` its ETTR."""
 
 from __future__ import annotations
 
 import pytest
 
+from controller.goodput import Ledger
 from controller.jobs import Job
 from controller.metrics_jobs import JobFamilies
-from services.records import RecoveryRecord
 from services.spec import parse_spec
 from services.store import Store
 
@@ -23,35 +24,46 @@ def store(redis_server):
     s.close()
 
 
-def recovery(n: int, fault_at: float, **done) -> RecoveryRecord:
-    return RecoveryRecord(
-        n=n, cause="TrainerKilled", from_generation=n, fault_at=fault_at, detected_at=fault_at + 1,
-        **done,
-    )  # fmt: skip
-
-
-def scraped_goodput(store: Store, job: Job, now: float) -> float:
+def scrape(store: Store, job: Job, now: float) -> tuple[dict[str, float], float | None]:
+    """(seconds by cause, the ratio) as one scrape exports them for `job`."""
     families = JobFamilies()
     families.add(store, job, now, set())
-    [sample] = [s for s in families.goodput.samples if s.labels["job_id"] == job.id]
-    return sample.value
+    seconds = {
+        s.labels["cause"]: s.value
+        for s in families.seconds.samples
+        if s.labels["job_id"] == job.id and s.name.endswith("_total")
+    }
+    ratio = [s.value for s in families.goodput.samples if s.labels["job_id"] == job.id]
+    return seconds, ratio[0] if ratio else None
 
 
-def test_two_kills_and_25_redone_steps_are_lost_time(store):
+def test_the_counters_are_the_ledgers_parts_and_the_ratio_its_ettr(store):
     now = store.now()
-    two_kills = [
-        recovery(1, now - 70, completed_at=now - 61, steps_lost=20, durations={"total_s": 8.0}),
-        recovery(2, now - 30, completed_at=now - 22, steps_lost=5, durations={"total_s": 7.0}),
-    ]
-    # 100 s of wall time, 100 steps kept at 1 s each (the latest step's time): the old
-    # reading, kept steps x step time over the wall time, was 1.0
-    job = Job(id="g", name="g", spec=SPEC, step=100, step_s=1.0, started_at=now - 100)
-    job.recoveries = two_kills
-    assert scraped_goodput(store, job, now) == pytest.approx(1 - (8 + 7 + 25 * 1.0) / 100)
+    parts = {
+        "productive_s": 60.0,
+        "redone_s": 4.0,
+        "recovery_s": 8.0,
+        "checkpoint_s": 3.0,
+        "snapshot_s": 1.0,
+        "eval_s": 2.0,
+        "waiting_s": 2.0,
+        "suspended_s": 20.0,
+    }
+    job = Job(id="g", name="g", spec=SPEC, generation=2, submitted_at=now - 100)
+    job.set("Running", True, "Training", "training", now - 50)
+    job.goodput = Ledger(at=now, parts=parts)  # charged up to now
+    seconds, ratio = scrape(store, job, now)
+    assert seconds == {k.removesuffix("_s"): v for k, v in parts.items()}
+    assert ratio == pytest.approx(60.0 / (100.0 - 20.0))
 
 
-def test_an_open_recovery_counts_until_now(store):
+def test_a_waiting_job_counts_its_wait_at_every_scrape(store):
+    """Nothing but a placement ends a wait, and the wait is all waiting: the counter grows
+    between the passes that write the ledger, and the ratio is 0 (nothing trained yet)."""
     now = store.now()
-    job = Job(id="g", name="g", spec=SPEC, step=50, step_s=1.0, started_at=now - 100)
-    job.recoveries = [recovery(1, now - 10)]
-    assert scraped_goodput(store, job, now) == pytest.approx(0.9)
+    job = Job(id="g", name="g", spec=SPEC, submitted_at=now - 30)
+    job.set("Running", False, "WaitingForCapacity", "needs 2 workers", now - 30)
+    first, ratio = scrape(store, job, now)
+    later, _ = scrape(store, job, now + 5)
+    assert (first["waiting"], later["waiting"], ratio) == (30.0, 35.0, 0.0)
+    assert sum(first.values()) == 30.0

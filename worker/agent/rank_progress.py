@@ -137,5 +137,5 @@ class RankProgress:
             "held_step": self.held_step,
             "sdc": self.sdc,
             "export": self.export,
-            "overheads": self.overheads.model_copy(),
+            "overheads": self.overheads.model_dump(),
         }
