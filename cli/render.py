@@ -126,6 +126,8 @@ def job_detail(j: api.JobStatus) -> Group:
     ]
     if extra := validation(j):
         out.append(Text(f"  {extra}"))
+    if j.goodput and j.goodput.wall_s > 0:
+        out.append(Text.assemble("  ", goodput(j.goodput)))
     if j.last_checkpoint:
         c = j.last_checkpoint
         out.append(Text(f"  last checkpoint: step {c.step} at {c.path}"))
@@ -162,6 +164,31 @@ def job_detail(j: api.JobStatus) -> Group:
         if m.spares:
             out.append(Text(f"  spares: {', '.join(m.spares)}"))
     return Group(*out)
+
+
+# each part of the goodput ledger as the status line names and colours it
+GOODPUT_STYLE = {
+    "productive": "green",
+    "redone": "yellow",
+    "recovery": "red",
+    "checkpoint": "blue",
+    "snapshot": "blue",
+    "eval": "blue",
+    "waiting": "dim",
+    "suspended": "magenta",
+}
+
+
+def goodput(g: api.Goodput) -> Text:
+    """One line: 'goodput: ettr 0.91  productive 82%  recovery 2%  waiting 16%  of 1:02:13',
+    each part's share of the wall time (the parts with none left out)."""
+    line = Text(f"goodput: ettr {num(g.ettr, '.2f')} ")
+    for part, seconds in g.parts.model_dump().items():
+        name, share = part.removesuffix("_s"), seconds / g.wall_s
+        if seconds > 0:
+            pct = f"{share:.0%}" if share >= 0.005 else "<1%"
+            line.append(f" {name} {pct}", style=GOODPUT_STYLE[name])
+    return line.append(f"  of {duration(g.wall_s)}")
 
 
 def _indent(t: Table) -> Padding:
