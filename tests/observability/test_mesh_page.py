@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
+
 from services import api
 from tests.stack import tiny_spec, wait_until
 
@@ -31,6 +33,9 @@ CHARTS = """const c = view.charts; return c.loss ? {steps: Array.from(c.loss.dat
     marks: [...document.querySelectorAll('#loss-chart .mark')].filter(m => !m.hidden)
         .map(m => [m.dataset.kind, Number(m.dataset.step)])} : null"""
 HISTORY_POINTS = 1000  # what the page asks for (mesh.js)
+# the goodput bar: each segment's part and the seconds it stands for
+GOODPUT = """return [...document.querySelectorAll('#goodput .seg')].map(s =>
+    [s.dataset.part, Number(s.dataset.seconds)])"""
 
 
 def test_mesh_page_follows_a_killed_rank_through_its_recovery(obs, browser, tmp_path):
@@ -193,6 +198,11 @@ def test_a_page_opened_late_charts_the_whole_history(obs, browser, tmp_path):
         assert charts["steps"] == drawn_steps(hist) and charts["steps"][0] == first
         assert charts["loss"] == [p.loss for p in hist.points]
         assert charts["tps"] == [p.tokens_per_s for p in hist.points]
+        # the goodput bar: the ended job's ledger, a segment for each part it has, in order
+        ledger = obs.client.job(job).goodput.parts.model_dump()
+        want = [[p.removesuffix("_s"), pytest.approx(s)] for p, s in ledger.items() if s > 0]
+        wait_until(lambda: browser.execute_script(GOODPUT) == want, 30, f"the goodput bar {want}")
+        assert want[0][0] == "productive"
         browser.save_screenshot(str(tmp_path / "mesh-late.png"))
         errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
         assert not errors, f"the page logged errors: {errors}"

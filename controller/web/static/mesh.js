@@ -12,6 +12,8 @@ const HISTORY_POINTS = 1000; // a chart's points: the controller downsamples the
 const HISTORY_MS = Math.max(INTERVAL_MS, 2000);
 const historyEvery = (hist) => Math.max(HISTORY_MS, hist.total_points / 10);
 const STATES = ["healthy", "straggler", "dead", "recovering", "spare", "starting", "done", "stopped"];
+// the goodput ledger's parts (GET /v1/jobs/{id}: goodput.parts, each `<part>_s`), in its order
+const PARTS = ["productive", "redone", "recovery", "checkpoint", "snapshot", "eval", "waiting", "suspended"];
 
 // hist: the history document the charts show (GET /v1/jobs/{id}/history); histKey: what the
 // job looked like when it was read (a new step, checkpoint or recovery calls for a new read)
@@ -219,6 +221,22 @@ function renderMeta(job) {
   meta.dataset.phase = job.phase;
 }
 
+// The goodput ledger as one stacked bar: each part as wide as its share of the job's wall time
+// since admission, the ETTR before it and each part's share after it; hover tells the seconds.
+function renderGoodput(job) {
+  const g = job.goodput;
+  const shown = g && g.wall_s > 0 ? PARTS.filter((p) => g.parts[`${p}_s`] > 0) : [];
+  const share = (p) => `${(100 * g.parts[`${p}_s`] / g.wall_s).toFixed(1)}%`;
+  document.getElementById("goodput").replaceChildren(...(shown.length ? [
+    el("span", { class: "ettr" }, `ETTR ${g.ettr != null ? g.ettr.toFixed(2) : "-"}`),
+    el("span", { class: "bar" }, ...shown.map((p) => el("span", {
+      class: `seg part-${p}`, data: { part: p, seconds: String(g.parts[`${p}_s`]) },
+      title: `${p}: ${g.parts[`${p}_s`].toFixed(1)} s, ${share(p)} of ${g.wall_s.toFixed(0)} s`,
+      style: { flexGrow: String(g.parts[`${p}_s`]) } }))),
+    ...shown.map((p) => el("span", { class: `key part-${p}` }, `${p} ${share(p)}`)),
+  ] : []));
+}
+
 // The whole history, not what this page happened to poll: it is read from the controller, so
 // a page opened at step 90 shows steps 1..90. Read again only when the job moved on.
 async function pullHistory(job) {
@@ -400,6 +418,7 @@ async function tick() {
       const job = await get(`/v1/jobs/${id}`);
       if (id === view.job) {
         renderMeta(job);
+        renderGoodput(job);
         renderMesh(job);
         await pullHistory(job);
         await pullEvents(id);
