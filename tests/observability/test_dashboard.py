@@ -48,6 +48,7 @@ def test_the_panels_the_issue_asks_for():
         "MFU",
         "Trainer memory per rank",
         "Compute vs collective wait",
+        "Where the wall time went",
     ):
         assert title in by_title, f"no {title!r} panel"
     heat = by_title["Step time per rank"]
@@ -61,6 +62,11 @@ def test_the_panels_the_issue_asks_for():
     loss = [t["expr"] for t in by_title["Loss"]["targets"]]
     assert any("meshkeeper_train_loss" in e for e in loss), loss
     assert any("meshkeeper_eval_loss" in e for e in loss), loss
+    # the goodput ledger (issue 47): every cause of each job's wall time, stacked to its share
+    ledger = by_title["Where the wall time went"]
+    [target] = ledger["targets"]
+    assert "meshkeeper_job_seconds_total" in target["expr"] and "by (cause)" in target["expr"]
+    assert ledger["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "percent"
 
 
 def test_panels_have_unique_ids_and_do_not_overlap():
