@@ -87,9 +87,9 @@ def account(
     ranks: list[api.RankStatus] | None = None,
     beats: dict[str, float] | None = None,
 ) -> None:
-    """Charge what is known up to `now`, by the state the job has been in since `at`: called
-    for each job before its pass changes anything, and again for a running one with its rank
-    view and its workers' beats, which settle its training."""
+    """Charge what is known up to `now`, by the state the job has been in since `at`. Called
+    for each job before its pass changes anything, which charges a job without a world; a
+    world's time needs its rank view and its workers' beats, given by the second call."""
     led = job.goodput
     if job.phase in TERMINAL:
         return
