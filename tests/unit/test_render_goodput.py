@@ -6,6 +6,7 @@ import io
 
 from cli import render
 from services import api
+from tests.unit.test_render_eval import status
 
 PHASES = api.RecoveryPhases(
     detect_s=1.0, decide_s=0.5, rendezvous_s=2.0, restore_s=1.5, first_step_s=1.0
@@ -32,22 +33,7 @@ def test_each_part_is_its_share_of_the_wall_time_and_empty_ones_are_left_out():
 
 
 def test_the_line_is_in_the_jobs_detail_once_it_has_a_ledger():
-    status = api.JobStatus.model_validate(
-        {
-            "id": "j",
-            "name": "j",
-            "phase": "Running",
-            "generation": 1,
-            "restarts": 0,
-            "step": 3,
-            "steps": 10,
-            "mesh_shape": {"dp": 1, "pp": 1, "tp": 1},
-            "conditions": [],
-            "mesh": {"shape": {"dp": 1, "pp": 1, "tp": 1}},
-            "spec": {},
-            "goodput": ledger(productive_s=9.0, suspended_s=1.0).model_dump(),
-        }
-    )
+    job = status(step=3, steps=10, goodput=ledger(productive_s=9.0, suspended_s=1.0).model_dump())
     out = io.StringIO()  # not a terminal: plain text
-    render.console(out).print(render.job_detail(status))
+    render.console(out).print(render.job_detail(job))
     assert "  goodput: ettr 1.00  productive 90% suspended 10%  of 0:10\n" in out.getvalue()
