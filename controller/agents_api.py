@@ -23,7 +23,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from controller.auth import Denied, Principal, bearer
+from controller.auth import JOIN_HOW_TO, Denied, Principal, bearer
 from controller.service import Controller
 from services.redis_url import with_credentials
 from services.store import NO_PROVISIONER, WORKER_ID_RE, agent_user
@@ -74,9 +74,7 @@ def join_token(request: Request, cred: HTTPAuthorizationCredentials | None = Sec
     if not request.app.state.auth.join_ok(cred.credentials if cred else None):
         raise Denied(
             401,
-            "POST /v1/agents/join needs the agents' join token as a bearer token "
-            "(agent flags --join-token-file or env MESHKEEPER_JOIN_TOKEN[_FILE]; "
-            "`meshkeeper up` writes {run-dir}/secrets/join-token)",
+            JOIN_HOW_TO,
             'Bearer realm="meshkeeper", error="invalid_token"',
         )
     request.state.principal = Principal("join token", "agent")  # for the audit log

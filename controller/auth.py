@@ -30,6 +30,11 @@ SUBMIT = ("submitter", "admin")
 ADMIN = ("admin",)
 METRICS = ("viewer", "submitter", "admin", "scrape")
 
+JOIN_HOW_TO = (
+    "POST /v1/agents/join needs the agents' join token as a bearer token "
+    "(agent flags --join-token-file or env MESHKEEPER_JOIN_TOKEN[_FILE]; "
+    "`meshkeeper up` writes {run-dir}/secrets/join-token)"
+)
 HOW_TO = (
     "send `Authorization: Bearer TOKEN` (the CLI reads MESHKEEPER_TOKEN or "
     "MESHKEEPER_TOKEN_FILE; `meshkeeper up` writes tokens under its run dir's secrets/)"
