@@ -118,6 +118,20 @@ class Auth:
         digest = hashlib.sha256(token.encode()).hexdigest()
         return sum(hmac.compare_digest(digest, h) for h in self.join_hashes) > 0
 
+    def authenticate(self, what: str, token: str | None) -> Principal:
+        """The caller of `what` ("METHOD /path") by its bearer token; Denied 401 without one,
+        or with one nobody here issued."""
+        if token is None and not self.insecure:
+            raise Denied(401, f"{what} needs a bearer token; {HOW_TO}", 'Bearer realm="meshkeeper"')
+        who = self.identify(token)
+        if who is None:
+            raise Denied(
+                401,
+                f"the bearer token is not valid (unknown or revoked); {HOW_TO}",
+                'Bearer realm="meshkeeper", error="invalid_token"',
+            )
+        return who
+
     def require(self, roles: tuple[str, ...]) -> Callable[..., Principal]:
         """A FastAPI dependency: the caller's Principal if its role is one of `roles`."""
 
@@ -125,17 +139,7 @@ class Auth:
             request: Request, cred: HTTPAuthorizationCredentials | None = Security(bearer)
         ) -> Principal:
             what = f"{request.method} {request.url.path}"
-            if cred is None and not self.insecure:
-                raise Denied(
-                    401, f"{what} needs a bearer token; {HOW_TO}", 'Bearer realm="meshkeeper"'
-                )
-            who = self.identify(cred.credentials if cred else None)
-            if who is None:
-                raise Denied(
-                    401,
-                    f"the bearer token is not valid (unknown or revoked); {HOW_TO}",
-                    'Bearer realm="meshkeeper", error="invalid_token"',
-                )
+            who = self.authenticate(what, cred.credentials if cred else None)
             request.state.principal = who  # the audit log names who asked (controller/app.py)
             if who.role not in roles:
                 raise Denied(

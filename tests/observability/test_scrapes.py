@@ -70,7 +70,13 @@ def test_running_job_scrapes_pass_promtool_and_drop_the_job_when_it_ends(obs, pr
     assert value(ctl, "meshkeeper_job_target_steps", job_id=job) == 40
     assert value(ctl, "meshkeeper_train_loss", job_id=job) > 0
     assert value(ctl, "meshkeeper_worker_heartbeat_age_seconds", worker=worker) < 3
-    assert 0 < value(ctl, "meshkeeper_goodput_ratio", job_id=job) <= 1
+    # the ETTR: 0 until a pass has charged a trained stretch, then a fraction
+    ettr = wait_until(
+        lambda: value(obs.scrape_controller(), "meshkeeper_goodput_ratio", job_id=job) or None,
+        30,
+        "a trained stretch in the goodput ledger",
+    )
+    assert 0 < ettr <= 1
 
     wait_until(lambda: obs.client.job(job).phase == "Succeeded", 180, f"job {job} to succeed")
     wait_until(
