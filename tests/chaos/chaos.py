@@ -182,7 +182,11 @@ def resumed_once(stack: Stack, j: JobStatus, reference: list[dict]) -> int:
     ran every step up to the one it committed when suspended, 2 every one after, with
     `reference`'s losses bit for bit. Returns that step."""
     succeeded(stack, j)
-    assert (j.generation, j.restarts, j.recoveries) == (2, 0, [])
+    assert (j.generation, j.restarts, j.recoveries) == (2, 0, []), (
+        j.generation,
+        j.restarts,
+        [(r.cause, r.action, r.message) for r in j.recoveries],
+    )
     curve = assert_curve(stack, j, reference, exact=True)
     stop = max(s for s, r in curve.items() if r["generation"] == 1)
     assert 0 < stop < j.steps
