@@ -381,7 +381,8 @@ def preempted(ctx: Pass, view: JobView, message: str) -> None:
     """As `suspended`, but the job queues again at once (Pending) under a `Preempted`
     condition: the queue places it after the higher-valued job it stopped for. It keeps
     `preempted_by` until it is placed again (controller/placing.py), so that job waits for
-    the workers it freed instead of stopping more jobs meanwhile."""
+    the workers it freed instead of stopping more jobs meanwhile (unless another job took
+    them: controller/preempting.py)."""
     view.job.drain = {}
     _stop(ctx, view, "Preempted", "Preempted", message, "Warning", Tx())
 
@@ -392,7 +393,7 @@ def _stop(
     """Condition `outcome` set and Running unset, the ranks' last progress and final view
     kept on the job, every worker released and an event; written with whatever `tx` holds."""
     job = view.job
-    goodput.stopped(job, ctx.now)
+    goodput.stopped(job, ctx.now, view.ranks)
     _absorb(ctx, job, view.ranks, tx)
     # ranks still going are being stopped by this very transaction
     job.final_ranks = [

@@ -119,8 +119,12 @@ def placed(job: Accounted, now: float) -> None:
         job.goodput.window = {"cause": cause, "generation": job.generation + 1}
 
 
-def stopped(job: Accounted, now: float) -> None:
-    """The world stops now (the job ends, is suspended or preempted): what was open ends."""
+def stopped(job: Accounted, now: float, ranks: list[api.RankStatus] = ()) -> None:
+    """The world stops now (the job ends, is suspended or preempted): what was open ends.
+    Rank 0's last report (`ranks`, the final view) is owed first: the save a job ends or
+    stops with is reported only as it exits, and unowed it would count as training."""
+    if ranks and ranks[0].rank == 0 and not _idle(job):
+        _owe(job.goodput, job.generation, ranks[0])
     _stop(job.goodput, job, now)
 
 

@@ -18,7 +18,7 @@ import logging
 from controller.jobs import Job
 from controller.passes import Pass
 from controller.placement import place
-from controller.placing import registered_workers
+from controller.placing import held_workers, registered_workers
 from controller.priorities import PriorityClasses
 from services import assignment
 from services.mesh import MeshShape
@@ -35,8 +35,13 @@ def try_preempt(ctx: Pass, job: Job, jobs: list[Job], classes: PriorityClasses) 
     victims = [j for j in jobs if j.preempted_by == job.id]
     if any(j.phase in ("Running", "Recovering") for j in victims):
         return True  # still stopping: what they free is this job's
-    if victims:
+    shape = MeshShape(job.dp, job.pp, job.tp, job.spec.parallel.ep)
+    freed = _freed_and_untaken(ctx, victims, jobs)
+    if victims and _fits(ctx, job, shape, freed):
         return False  # they yielded: it starts once their agents are idle, or waits as any job
+    # Nothing stopped for it yet, or what its victims freed went elsewhere meanwhile (a job
+    # of equal or higher value took it, or a worker died): without choosing again it would
+    # wait behind the victims' `preempted_by` while lower-valued jobs kept the pool.
     candidates = sorted(
         (
             j
@@ -47,8 +52,6 @@ def try_preempt(ctx: Pass, job: Job, jobs: list[Job], classes: PriorityClasses) 
         ),
         key=lambda j: (j.ranks, classes.of(j.spec).value, -j.seq),
     )
-    shape = MeshShape(job.dp, job.pp, job.tp, job.spec.parallel.ep)
-    freed: list[str] = []
     chosen: list[Job] = []
     for victim in candidates:
         asg = assignment.current(ctx.store, victim.id, victim.generation)
@@ -56,11 +59,29 @@ def try_preempt(ctx: Pass, job: Job, jobs: list[Job], classes: PriorityClasses) 
             continue
         chosen.append(victim)
         freed += asg.workers
-        workers = ctx.pool.workers + registered_workers(ctx.store, freed, ctx.cfg.worker_alive_s)
-        if place(shape, job.spec.fault_tolerance.spares, workers) is not None:
+        if _fits(ctx, job, shape, freed):
             _mark(ctx, job, mine.name, chosen)
             return True
     return False
+
+
+def _freed_and_untaken(ctx: Pass, victims: list[Job], jobs: list[Job]) -> list[str]:
+    """The workers of the stopped victims' last generations that no running job holds now."""
+    held = held_workers(ctx.store, jobs)
+    out: list[str] = []
+    for v in victims:
+        if asg := assignment.current(ctx.store, v.id, v.generation):
+            out += [w for w in asg.workers if w not in held and w not in out]
+    return out
+
+
+def _fits(ctx: Pass, job: Job, shape: MeshShape, freed: list[str]) -> bool:
+    """`job` fits the idle workers plus `freed` (busy or not, registered and alive)."""
+    idle = {w.wid for w in ctx.pool.workers}
+    more = registered_workers(
+        ctx.store, [w for w in freed if w not in idle], ctx.cfg.worker_alive_s
+    )
+    return place(shape, job.spec.fault_tolerance.spares, ctx.pool.workers + more) is not None
 
 
 def _mark(ctx: Pass, job: Job, klass: str, victims: list[Job]) -> None:

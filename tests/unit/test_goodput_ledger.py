@@ -195,6 +195,26 @@ def test_a_kill_a_preemption_and_a_wait_add_up_to_the_wall_time(store):
     assert t.scraped[-1] == pytest.approx(want, abs=1e-9)  # the counters, once it ended
 
 
+def test_the_save_a_job_ends_with_is_charged_to_checkpointing(store):
+    """Rank 0 reports its final save's blocking only as it exits: the pass that ends the job
+    owes it from the final view, so it is not counted as training."""
+    t = Timeline(store)
+    t.run(2, place(1))
+    t.run(10, follow(world([8, 8], [10, 10], (3, 3)), step=8))
+    final = world([10, 10], [11.9, 11.9], (3, 3), {"checkpoint_s": 1.5})
+
+    def finished(job: Job, now: float) -> None:  # apply._stop, with the final rank view
+        goodput.account(job, now)
+        goodput.stopped(job, now, final)
+        job.set("Succeeded", True, "AllRanksSucceeded", "done", now)
+
+    job = t.run(12, finished)
+    parts = goodput.view(job, T0 + 100).parts
+    assert parts.checkpoint_s == 1.5
+    assert parts.productive_s == pytest.approx(7.0 + 2.0 - 1.5)  # from the first step (3)
+    assert sum(parts.model_dump().values()) == pytest.approx(12.0)
+
+
 def test_an_open_recovery_shows_its_phases_so_far_and_the_parts_still_add_up(store):
     """While a recovery is open the status shows it until now, split as far as its record
     knows (detected, decided; the rest is the new world's rendezvous so far)."""
