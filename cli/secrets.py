@@ -7,6 +7,8 @@ admin token by themselves.
 
     api-token                  admin API token (MESHKEEPER_TOKEN_FILE)
     viewer-token               read-only API token (the mesh page)
+    submitter-token            submits, and cancels or suspends its own jobs only: the one to
+                               hand a colleague who shares this stack
     scrape-token               Prometheus: /metrics and /v1/sd/workers only
     join-token                 what agents join the controller with
     redis-admin-password       Redis user `admin` (operators)
@@ -30,6 +32,7 @@ class LocalSecrets:
     dir: Path
     admin_token: str
     viewer_token: str
+    submitter_token: str
     scrape_token: str
     join_token: str
     redis_admin_password: str
@@ -53,10 +56,11 @@ class LocalSecrets:
         d = run_dir / "secrets"
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(d, 0o700)  # mkdir's mode does not apply to a directory that already existed
-        s = cls(d, *(new_token() for _ in range(7)))
+        s = cls(d, *(new_token() for _ in range(8)))
         for name, value in (
             ("api-token", s.admin_token),
             ("viewer-token", s.viewer_token),
+            ("submitter-token", s.submitter_token),
             ("scrape-token", s.scrape_token),
             ("join-token", s.join_token),
             ("redis-admin-password", s.redis_admin_password),
@@ -69,6 +73,7 @@ class LocalSecrets:
             [
                 ("admin", "admin", s.admin_token),
                 ("viewer", "viewer", s.viewer_token),
+                ("submitter", "submitter", s.submitter_token),
                 ("prometheus", "scrape", s.scrape_token),
             ],
             s.join_token,

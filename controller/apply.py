@@ -410,6 +410,17 @@ def _stop(
     log.info("job %s: %s (%s) %s", job.id, outcome, reason, message)
 
 
+def drop_unreadable(ctx: Pass, jid: str) -> None:
+    """A job record that does not parse (controller/jobs.py `from_hash`) leaves the queue,
+    and the workers its last assignment names, where that parses, are released: no pass
+    could end the job and free them otherwise."""
+    tx = Tx().zrem(ctx.keys.jobs_open(), jid)
+    asg = Assignment.from_fields(ctx.store.job_assignment(jid))
+    for wid in asg.workers if asg else []:
+        _release(ctx, tx, jid, wid)
+    ctx.commit(tx)
+
+
 def waiting(ctx: Pass, job: Job, reason: str, msg: str) -> None:
     """Mark a job that cannot start now (Running False with `reason`); an event when it
     starts waiting, not on every change of the count in the message."""

@@ -24,6 +24,8 @@ from services.store import Store, loads
 
 _RANKS = TypeAdapter(list[RankStatus])
 _RECOVERIES = TypeAdapter(list[RecoveryRecord])
+_CURRENT = TypeAdapter(dict[str, int])  # degrees, microbatches, grow_after
+_DRAIN = TypeAdapter(dict[str, int | float])  # generation, step, at
 
 
 def _json(models: list[BaseModel]) -> list[dict] | None:
@@ -179,6 +181,8 @@ class Job:
             straggler = StragglerFlag.model_validate(flag) if flag else None
             ledger = loads(h.get("goodput"))
             goodput = Ledger.model_validate(ledger) if ledger else None
+            current = _CURRENT.validate_python(loads(h.get("current"), {}))
+            drain = _DRAIN.validate_python(loads(h.get("drain"), {}))
         except ValidationError:
             return None
         return cls(
@@ -191,7 +195,7 @@ class Job:
             conditions=loads(h.get("conditions"), []),
             cancel_requested=h.get("cancel_requested") == "1",
             suspend_requested=h.get("suspend_requested") == "1",
-            drain=loads(h.get("drain"), {}),
+            drain=drain,
             preempted_by=h.get("preempted_by") or None,
             submitted_at=num("submitted_at"),
             started_at=num("started_at"),
@@ -205,7 +209,7 @@ class Job:
             eval_step=num("eval_step", int),
             final_ranks=final_ranks,
             recoveries=recoveries,
-            current=loads(h.get("current"), {}),
+            current=current,
             straggler=straggler,
             owner=h.get("owner") or None,
             goodput=goodput,

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import redis
+
 from controller.admission import PoolWorker, Quotas, live_pool
 from controller.jobs import Job
 from controller.placement import FreeWorker
@@ -30,8 +32,18 @@ class SchedulerConfig:
     # Backfill bound (docs/control-plane.md, "Scheduling"): a job that fits the pool but has
     # waited this long gets first claim on freed workers; later jobs stop backfilling past it.
     reserve_after_s: float = 300.0
+    # A job whose handling raises in every pass for this long is failed, with the error as
+    # its reason: skipped forever, it would hold its workers and show its owner a phase
+    # that never changes (docs/security.md, "Poisoned state").
+    fail_stuck_after_s: float = 10.0
     quotas: Quotas = Quotas()
     priorities: PriorityClasses = PriorityClasses()  # --priority-classes
+
+
+class PoolUnreadable(RuntimeError):
+    """The idle workers could not be read (a shared key of the wrong type, say). No job can be
+    placed then, so the whole pass fails and is retried, and `/readyz` says so once that
+    lasts, instead of each job being skipped, and failed, for it (controller/scheduler.py)."""
 
 
 class FreePool:
@@ -47,7 +59,12 @@ class FreePool:
     @property
     def workers(self) -> list[FreeWorker]:
         if self._workers is None:
-            self._workers = self._read()
+            try:
+                self._workers = self._read()
+            except (redis.ConnectionError, redis.TimeoutError):
+                raise  # an outage, not the state: the service's retry times it
+            except Exception as e:
+                raise PoolUnreadable(f"{type(e).__name__}: {e}") from e
         return list(self._workers)
 
     def take(self, wids: Iterable[str]) -> None:

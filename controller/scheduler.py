@@ -17,11 +17,18 @@ from controller import apply, goodput, placing, preempting, suspending, waiting
 from controller.availability import RedisAvailability
 from controller.following import follow
 from controller.jobs import Job
-from controller.passes import FreePool, JobView, Pass, SchedulerConfig, WorkerActions
+from controller.passes import (
+    FreePool,
+    JobView,
+    Pass,
+    PoolUnreadable,
+    SchedulerConfig,
+    WorkerActions,
+)
 from controller.placement import FreeWorker
 from controller.ranks import rank_view
 from services import assignment
-from services.store import Fenced, Store, Tx
+from services.store import Fenced, Store
 
 log = logging.getLogger("meshkeeper.scheduler")
 
@@ -38,6 +45,7 @@ class Scheduler:
     ):
         self.store, self.cfg, self.me, self.actions = store, cfg, controller_id, actions
         self.availability = availability or RedisAvailability()  # see controller/following.py
+        self._stuck: dict[str, float] = {}  # job -> when its handling started failing
 
     def free_workers(self, now: float, held: frozenset[str] = frozenset()) -> list[FreeWorker]:
         """The workers a pass would hand out (idle, joined, not quarantined, not `held`)."""
@@ -56,6 +64,7 @@ class Scheduler:
         records = self.store.jobs(jids)
         jobs = {jid: Job.from_hash(jid, records[jid]) for jid in jids}
         readable = [j for j in jobs.values() if j is not None]
+        self._stuck = {jid: t for jid, t in self._stuck.items() if jid in jobs}
         # One pool per pass, not a fresh read per consumer: a list kept for pending jobs while
         # a recovery re-read Redis gave the worker that recovery took to a later pending job.
         ctx = Pass(
@@ -74,17 +83,42 @@ class Scheduler:
         for jid, job in sorted(jobs.items(), key=lambda kv: -value.get(kv[0], 0)):
             try:
                 reserved_by = self._handle(ctx, jid, job, running, reserved_by, readable)
-            except (Fenced, redis.ConnectionError, redis.TimeoutError):
-                raise  # the lease is gone, or Redis is: the whole pass stops
+                self._stuck.pop(jid, None)
+            except (Fenced, PoolUnreadable, redis.ConnectionError, redis.TimeoutError):
+                raise  # the lease is gone, Redis is, or the pool: the whole pass stops
             except Exception as e:  # one job's bad state must not stop the others
-                self.store.state_errors["job"] += 1
-                log.warning(
-                    "job %s: skipped in this pass (%s: %s); the other jobs go on",
-                    jid,
-                    type(e).__name__,
-                    e,
-                    exc_info=log.isEnabledFor(logging.DEBUG),
-                )
+                self._skipped(ctx, jid, job, e)
+
+    def _skipped(self, ctx: Pass, jid: str, job: Job | None, error: Exception) -> None:
+        """`jid`'s handling raised `error`: counted and logged once, skipped while it goes on
+        failing, and failed with the error as its reason once it has for `fail_stuck_after_s`."""
+        what = f"{type(error).__name__}: {error}"
+        if jid not in self._stuck:
+            self._stuck[jid] = ctx.now
+            self.store.state_errors["job"] += 1
+            log.warning(
+                "job %s: skipped (%s); the other jobs go on, and it is failed if this lasts %g s",
+                jid,
+                what,
+                self.cfg.fail_stuck_after_s,
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
+        bound = self.cfg.fail_stuck_after_s
+        if job is None or ctx.now - self._stuck[jid] < bound:
+            return
+        why = (
+            f"the controller could not handle this job's stored state for "
+            f"{bound:g} s ({what}); it was failed and its workers released"
+        )
+        try:
+            asg = assignment.current(ctx.store, jid, job.generation) if job.generation else None
+            apply.finish(ctx, JobView(job, asg, []), "Failed", "ControllerError", why)
+        except (Fenced, redis.ConnectionError, redis.TimeoutError):
+            raise
+        except Exception:  # its record is beyond even failing it: it stays skipped
+            log.exception("job %s: could not be failed either; it stays skipped", jid)
+        else:
+            del self._stuck[jid]
 
     def _handle(
         self,
@@ -100,7 +134,7 @@ class Scheduler:
             goodput.account(job, ctx.now)
         if job is None:  # half-written, deleted, or unreadable: drop it from the queue
             log.warning("job %s: no readable record; removed from the queue", jid)
-            ctx.commit(Tx().zrem(self.store.keys.jobs_open(), jid))
+            apply.drop_unreadable(ctx, jid)
         elif job.cancel_requested:
             cancel(ctx, job)
         elif job.phase == "Suspended":
