@@ -9,6 +9,7 @@ credential its attacker would hold, read from the stack's own run dir: never the
 - The join token: no live worker taken over.
 - One agent's own Redis password: no shared key, no other job's pointer or stream; its own
   registration made malformed takes out that worker alone.
+- A viewer's token: no write.
 - A submitter's token: no week-long quarantine of shared workers, no name or path that
   breaks the API, no body read before its token is checked, no connection held open.
 
@@ -200,6 +201,26 @@ def test_a_submitter_cannot_hurt_the_pool_or_the_api(up, section, field):
     assert r.status_code == 422, r.text
     assert field in [p["field"] for p in r.json()["problems"]], r.text
     assert not [j for j in up.client.jobs() if j.name == "tenant"]  # nothing stored
+
+
+def test_the_viewer_token_writes_nothing(up):
+    token = secrets_of(up.work)["viewer-token"]
+    job = up.client.submit(tiny_spec("viewed", parallel={"dp": 1}, train={"steps": 400})).id
+    try:
+        with httpx.Client(
+            base_url=up.url, headers={"Authorization": f"Bearer {token}"}, timeout=10
+        ) as viewer:
+            assert viewer.get(f"/v1/jobs/{job}").status_code == 200  # it reads
+            for r in (
+                viewer.post("/v1/jobs", json=tiny_spec("by-viewer")),
+                viewer.delete(f"/v1/jobs/{job}"),
+                viewer.post(f"/v1/jobs/{job}/suspend"),
+            ):
+                assert r.status_code == 403, (r.request.url, r.status_code, r.text)
+        assert up.client.job(job).phase in ("Pending", "Running")
+        assert not [j for j in up.client.jobs() if j.name == "by-viewer"]
+    finally:
+        up.client.cancel(job)
 
 
 @pytest.mark.parametrize("path", ["/v1/jobs", "/v1/agents/join", "/v1/plan"])
