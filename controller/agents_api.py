@@ -23,6 +23,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from controller import quarantine
 from controller.auth import JOIN_HOW_TO, Denied, Principal, bearer
 from controller.service import Controller
 from services.redis_url import with_credentials
@@ -119,6 +120,15 @@ def router(ctl: Controller) -> APIRouter:
                 f"stops or has been silent for {HOLD_S:.0f}s",
             )
         password = new_token()
+        node = body.labels.get("host", body.host)
+        if inherited := await run_in_threadpool(quarantine.inherit, ctl.store, body.id, node):
+            log.warning(
+                "worker %s joins on node %s, which is quarantined until %s: it stays out of "
+                "the pool until its health probe passes after then",
+                body.id,
+                node,
+                inherited["quarantined_until"],
+            )
         info = {
             **body.model_dump(exclude={"id", "credential"}),
             "labels": {"host": body.host, **body.labels},

@@ -12,7 +12,7 @@ from controller.placement import FreeWorker, Placement, natural_key, place
 from controller.recovery import Layout
 from services import assignment
 from services.mesh import MeshShape
-from services.store import Store, Tx, loads
+from services.store import Store, Tx
 
 log = logging.getLogger("meshkeeper.scheduler")
 
@@ -43,8 +43,9 @@ def registered_workers(store: Store, wids: list[str], alive_s: float) -> list[Fr
 
 
 def _as_free(wid: str, info: dict[str, str]) -> FreeWorker:
-    host = loads(info.get("labels"), {}).get("host") or info.get("host", "?")
-    return FreeWorker(wid, host, info.get("address", "127.0.0.1"), int(info.get("devices", 1)))
+    return FreeWorker(
+        wid, quarantine.node_of(info), info.get("address", "127.0.0.1"), int(info.get("devices", 1))
+    )
 
 
 def held_workers(store: Store, jobs: list[Job]) -> frozenset[str]:

@@ -10,6 +10,14 @@ about the worker's health. Whole-world failures with no root cause strike the wo
 rank exited first; enough strikes and it is blamed too (controller/faults.py).
 
 `worker:{wid}:health` is controller-written; the agent only reads it.
+
+A quarantine is also kept by node (`node:{host}:health`, the worker's `host` label: the
+Kubernetes node, or the machine). A worker id new to the pool that joins on such a node
+takes the node's quarantine as its own (`inherit`): on Kubernetes a quarantined worker's pod
+is replaced, and its Deployment's new pod, with a new id, may land on the same bad node; it
+stays out of the pool until its own health probe passes after the quarantine's end. A rejoin
+of a known id keeps its own record; a node whose quarantined worker has passed its probe
+since is clear.
 """
 
 from __future__ import annotations
@@ -35,6 +43,15 @@ class Blame:
 
 def health_key(keys: Keys, wid: str) -> str:
     return keys.worker(wid) + ":health"
+
+
+def node_key(keys: Keys, host: str) -> str:
+    return f"{keys.prefix}node:{host}:health"
+
+
+def node_of(info: dict[str, str]) -> str:
+    """A registration's node: its `host` label (the join sets it), else its `host` field."""
+    return loads(info.get("labels"), {}).get("host") or info.get("host", "?")
 
 
 def strikes(store: Store, wid: str, window_s: float, now: float) -> list[float]:
@@ -63,16 +80,16 @@ def write(tx: Tx, ctx: Pass, jid: str, generation: int, blame: Blame) -> None:
             f"{f.rank}); it returns to the pool only after its health probe (matmul + gloo "
             f"all-reduce) passes"
         )
-        tx.hset(
-            health_key(ctx.keys, q.worker),
-            {
-                "quarantined_until": q.until,
-                "cause": q.cause,
-                "detail": f.detail,
-                "job": jid,
-                "since": ctx.now,
-            },
-        )
+        record = {
+            "quarantined_until": q.until,
+            "cause": q.cause,
+            "detail": f.detail,
+            "job": jid,
+            "since": ctx.now,
+        }
+        tx.hset(health_key(ctx.keys, q.worker), record)
+        node = node_of(ctx.store.workers([q.worker])[q.worker])
+        tx.hset(node_key(ctx.keys, node), {**record, "worker": q.worker})
         tx.event(
             ctx.keys.job_events(jid), ctx.event("Warning", "WorkerQuarantined", msg, generation)
         )
@@ -97,3 +114,29 @@ def admissible(store: Store, wids: list[str], now: float) -> list[str]:
         ):
             out.append(w)
     return out
+
+
+def inherit(store: Store, wid: str, host: str) -> dict[str, str] | None:
+    """Before a join registers `wid` on node `host`: a new id takes the node's quarantine
+    (its end, cause and the worker it was for), so its agent probes once it is over. None
+    when the id is known (a rejoin) or the node has none. Returns what was written."""
+    if store.r.exists(store.keys.worker(wid)):
+        return None
+    node = store.r.hgetall(node_key(store.keys, host))
+    until = float(node.get("quarantined_until") or 0)
+    if not until:
+        return None
+    probe = store.r.hgetall(store.keys.worker(node.get("worker", "")) + ":probe")
+    if probe.get("passed") == "1" and float(probe.get("at") or 0) >= until:
+        store.r.delete(node_key(store.keys, host))  # the node passed once its quarantine ended
+        return None
+    record = {
+        "quarantined_until": node["quarantined_until"],
+        "cause": "NodeQuarantined",
+        "detail": f"node {host} was quarantined for {node.get('cause')} of worker "
+        f"{node.get('worker')}: {node.get('detail', '')}",
+        "job": node.get("job", ""),
+        "since": store.now(),
+    }
+    store.r.hset(health_key(store.keys, wid), mapping=record)
+    return record

@@ -26,12 +26,16 @@ import pytest_asyncio
 from controller import operator
 from controller.k8s import KubernetesActions
 from controller.operator import TERMINAL
+from controller.passes import SchedulerConfig
+from controller.scheduler import Scheduler
 from services.client import Client
 from services.procs import free_port, stop_all
+from services.store import Store
 from services.tokens import new_token
 from tests.chaos.chaos import paced_spec, resumed_once
 from tests.security.smallpool import SmallPool
 from tests.stack import ENV, Proc, RedisServer, agent_argv, tiny_spec
+from worker.progress import CHAOS_ENV
 
 NS = "ml"
 TJ = "meshkeeper.io/v1alpha1/trainingjobs"
@@ -503,6 +507,82 @@ async def test_a_killed_worker_is_replaced_on_kubernetes_and_the_operator_mirror
         assert await eventually(lambda: events(kmock, "Recovering"), "a Recovering event")
     finally:
         stop_all([a.p for a in agents], 10)
+        pool.close()
+
+
+def node_agent(pool: SmallPool, wid: str, node: str, work) -> Proc:
+    """An agent as a pod of the pool on Kubernetes node `node` (its pod `pod-{wid}`), with the
+    trainers' chaos hooks armed (the busy-loop fault of tests/chaos/test_blame.py)."""
+    argv = [
+        *agent_argv(pool.controller.url, pool.secrets, wid, work),
+        *("--warm", "1", "--label", f"k8s.pod=pod-{wid}", "--host-name", node),
+    ]
+    return Proc(f"agent-{wid}", argv, work / "logs", {**ENV, CHAOS_ENV: "1"})
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_a_node_quarantine_outlives_the_pod_replacement(kmock, tmp_path, monkeypatch):
+    """A rank caught in a busy loop is blamed (RankHung), its worker quarantined and its pod
+    deleted on Kubernetes (kmock). The Deployment's new pod lands on the same node with a new
+    worker id: it joins, beats, and stays out of the pool until the quarantine has ended and
+    its own health probe passed. Before node-keyed quarantine it was free at once."""
+    nodes = {f"p{i}": f"node-{i}" for i in range(3)}
+    for wid in [*nodes, "p9"]:
+        kmock.objects["v1/pods", NS, f"pod-{wid}"] = {
+            "metadata": {"name": f"pod-{wid}", "namespace": NS, "labels": POOL_SELECTOR}
+        }
+    monkeypatch.setitem(
+        ENV, "MESHKEEPER_KUBECONFIG", str(kubeconfig(tmp_path / "kubeconfig", str(kmock.url)))
+    )
+    monkeypatch.setitem(ENV, "MESHKEEPER_NAMESPACE", NS)
+    monkeypatch.setitem(ENV, "MESHKEEPER_K8S_WORKER_SELECTOR", "app.kubernetes.io/component=worker")
+    pool = await asyncio.to_thread(SmallPool, tmp_path, 0)
+    agents = {wid: node_agent(pool, wid, node, tmp_path) for wid, node in nodes.items()}
+    store = Store(pool.redis.url)
+    spec = {
+        **KILL_SPEC,
+        "name": "k8s-hang",
+        "fault_tolerance": {**KILL_SPEC["fault_tolerance"], "hang_after_s": 6, "quarantine_s": 20},
+    }
+    try:
+        await eventually(lambda: sum(w.alive for w in pool.client.workers()) == 3, "3 agents", 60)
+        jid = pool.client.submit(spec).id
+        job = await eventually(
+            lambda: (j := pool.client.job(jid)).step >= 2 and j, "the job training", 120
+        )
+        victim = next(r for r in job.mesh.ranks if r.rank == 1)
+        os.kill(victim.pid, signal.SIGUSR2)  # it spins at its next step boundary
+        await eventually(
+            lambda: kmock.objects["v1/pods", NS, f"pod-{victim.worker}"].deleted,
+            f"pod-{victim.worker} deleted",
+            90,
+        )
+        rec = pool.client.job(jid).recoveries[0]
+        assert (rec.cause, [q.worker for q in rec.quarantined]) == ("RankHung", [victim.worker])
+        until = float(store.r.hget(f"mk:worker:{victim.worker}:health", "quarantined_until"))
+        # the pod is gone with its agent; its Deployment starts a new one on the same node
+        stop_all([agents.pop(victim.worker).p], 10)
+        agents["p9"] = node_agent(pool, "p9", nodes[victim.worker], tmp_path)
+        await eventually(lambda: "p9" in store.alive_workers(5.0), "p9 joined and beating", 60)
+        health = store.r.hgetall("mk:worker:p9:health")
+        assert health["cause"] == "NodeQuarantined", health
+        assert float(health["quarantined_until"]) == until, (health, until)
+        assert victim.worker in health["detail"] and "RankHung" in health["detail"], health
+        assert store.now() < until  # still inside the quarantine: the check below means it
+        scheduler = Scheduler(store, SchedulerConfig(), "test")
+        assert "p9" not in {w.wid for w in scheduler.free_workers(store.now())}
+        await eventually(
+            lambda: "p9" in {w.wid for w in scheduler.free_workers(store.now())},
+            "p9 admitted after the quarantine and its probe",
+            until - store.now() + 60,
+        )
+        probe = store.r.hgetall("mk:worker:p9:probe")
+        assert probe.get("passed") == "1" and float(probe["at"]) >= until, probe
+        pool.client.cancel(jid)
+    finally:
+        store.close()
+        stop_all([a.p for a in agents.values()], 10)
         pool.close()
 
 
