@@ -1,10 +1,11 @@
-"""`meshkeeper plan SPEC --workers N --devices-per-worker D --device NAME [--json] [--measure]`
-(docs/planner.md, "Command line and API").
+"""`meshkeeper plan SPEC --workers N --devices-per-worker D --device NAME [--fabric tcp]
+[--json] [--measure]` (docs/planner.md, "Command line and API").
 
 Plans locally (the planner is torch-free): a table of the best layouts, or with `--json`
-{"given": PLAN or null, "plans": [every feasible PLAN, best first]}. `--measure` then runs a
-few steps of the top candidates on the live pool (the controller at --url) and ranks them by
-measured tokens/s: the model's first choice and the measured winner are both printed.
+{"fabric": NAME, "given": PLAN or null, "plans": [every feasible PLAN, best first]}.
+`--measure` then runs a few steps of the top candidates on the live pool (the controller at
+--url) and ranks them by measured tokens/s: the model's first choice and the measured winner
+are both printed.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--devices-per-worker", type=positive, default=1)
     p.add_argument("--device", default="cpu", choices=sorted(planner.PROFILES))
     p.add_argument(
+        "--fabric",
+        default="infiniband",
+        choices=list(planner.FABRICS),
+        help="the network between hosts: tcp for NCCL over Ethernet sockets (no RDMA)",
+    )
+    p.add_argument(
         "--memory-per-device-gib",
         type=float,
         help="override the profile's memory (cpu: default host RAM / devices)",
@@ -65,7 +72,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     memory = int(args.memory_per_device_gib * GiB) if args.memory_per_device_gib else None
-    where = planner.cluster(args.device, args.workers, args.devices_per_worker, memory)
+    where = planner.cluster(
+        args.device, args.workers, args.devices_per_worker, memory, planner.FABRICS[args.fabric]
+    )
     result = api.PlanResult.model_validate(planner.report(spec, where))
     if args.json and not args.measure:
         print(json.dumps(result.model_dump(mode="json")))
@@ -90,7 +99,7 @@ def _layout(p: api.PlanDoc) -> str:
 
 
 def plans_table(result: api.PlanResult, top: int) -> Table:
-    t = Table(title=f"{len(result.plans)} feasible layouts, best first")
+    t = Table(title=f"{len(result.plans)} feasible layouts over {result.fabric}, best first")
     for col in ("#", "layout", "GiB/rank", "step s", "bubble", "why"):
         t.add_column(col)
     rows = [(str(i + 1), p) for i, p in enumerate(result.plans[:top])]

@@ -25,7 +25,7 @@ from services import planner
 from services.dataset_admission import check_dataset
 from services.paths import confine_spec
 from services.planner import Cluster, Layout
-from services.planner.hardware import host_memory_per_device
+from services.planner.hardware import INFINIBAND, Fabric, host_memory_per_device
 from services.planner.search import candidates
 from services.spec import JobSpec, Problem, SpecError
 from services.store import Store
@@ -86,9 +86,12 @@ def _gib(n: float) -> str:
     return f"{n / GiB:,.1f} GiB"
 
 
-def pool_cluster(pool: list[PoolWorker], max_ranks: int | None = None) -> Cluster:
+def pool_cluster(
+    pool: list[PoolWorker], max_ranks: int | None = None, fabric: Fabric = INFINIBAND
+) -> Cluster:
     """The pool as the planner sees it: its workers at the smallest device count and memory
-    among them (a plan that fits those fits every worker). A `cuda` worker is costed as an
+    among them (a plan that fits those fits every worker), joined by `fabric` (admission and
+    re-planning take InfiniBand: docs/planner.md, "Fabrics"). A `cuda` worker is costed as an
     H200 when its devices hold more than 100 GB, else as an H100: admission judges memory, and
     those profiles differ from the A100's only in speed."""
     devices = min(w.devices for w in pool)
@@ -98,7 +101,7 @@ def pool_cluster(pool: list[PoolWorker], max_ranks: int | None = None) -> Cluste
     workers = len(pool)
     if max_ranks is not None:
         workers = max(1, min(workers, max_ranks // devices))
-    return planner.cluster(name, workers, devices, memory)
+    return planner.cluster(name, workers, devices, memory, fabric)
 
 
 def _plan(spec: JobSpec, pool: list[PoolWorker]) -> planner.Plan:

@@ -1,7 +1,8 @@
 """POST /v1/plan: the planner over REST (docs/planner.md, "Command line and API").
 
-The body names a spec and, optionally, a cluster (workers, devices per worker, device profile);
-without `workers` the plan is for the live pool, as admission would plan a `parallel.auto` spec.
+The body names a spec and, optionally, a cluster (workers, devices per worker, device profile)
+and the fabric between its hosts; without `workers` the plan is for the live pool, as
+admission would plan a `parallel.auto` spec (over the fabric the body names).
 Any role may plan (it reads nothing and writes nothing). A bad spec or cluster is a 422 that
 names the field.
 """
@@ -32,19 +33,24 @@ def _unprocessable(problems: list[Problem]) -> JSONResponse:
 
 
 def _cluster(ctl: Controller, body: api.PlanRequest) -> planner.Cluster:
+    try:
+        fabric = planner.fabric(body.fabric)
+    except ValueError as e:
+        raise SpecError([Problem("fabric", str(e))]) from None
     if body.workers is None:
         pool = live_pool(ctl.store, ctl.cfg.scheduler.worker_alive_s)
         if not pool:
             raise SpecError(
                 [Problem("workers", "no live worker to plan for; give workers and device")]
             )
-        return pool_cluster(pool)
+        return pool_cluster(pool, fabric=fabric)
     try:
         return planner.cluster(
             body.device or "cpu",
             body.workers,
             body.devices_per_worker or 1,
             body.memory_per_device_bytes,
+            fabric,
         )
     except ValueError as e:
         raise SpecError([Problem("device", str(e))]) from None

@@ -282,6 +282,12 @@ class PlanRequest(BaseModel):
     memory_per_device_bytes: int | None = Field(
         default=None, ge=1, description="overrides the profile's (needed for cpu)"
     )
+    fabric: str = Field(
+        default="infiniband",
+        max_length=32,
+        description="the network between hosts: infiniband (the profile's own cross-host "
+        "figures) or tcp (NCCL over sockets on a 100 Gb/s Ethernet NIC per host, no RDMA)",
+    )
 
 
 class PlanDoc(Doc):
@@ -307,8 +313,10 @@ class PlanDoc(Doc):
 
 
 class PlanResult(Doc):
-    """`given`: the spec's own layout (null under parallel.auto); `plans`: every feasible
-    layout, best first."""
+    """`fabric`: the network assumed between hosts; `given`: the spec's own layout (null under
+    parallel.auto); `plans`: every feasible layout, best first."""
 
+    # a controller that predates fabrics always assumed infiniband
+    fabric: str = Field(default="infiniband", description="the network assumed between hosts")
     given: PlanDoc | None
     plans: list[PlanDoc]

@@ -3,11 +3,13 @@
 Each figure of the GPU profiles comes from the vendor's datasheet (sources in docs/planner.md);
 `cpu` was measured on the build machine with bench/cpu_profile.py (one process per core,
 OMP_NUM_THREADS=1, gloo over loopback), the way the local stack runs trainers. Bandwidths are
-per device and per direction: what one rank can push through its link tier at once.
+per device and per direction: what one rank can push through its link tier at once. The
+network between hosts is a `Fabric`, apart from the device (docs/planner.md, "Fabrics").
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -111,6 +113,49 @@ def profile(name: str) -> DeviceProfile:
         return PROFILES[name]
     except KeyError:
         raise ValueError(f"unknown device {name!r}; choose one of {', '.join(PROFILES)}") from None
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """The network between hosts. It can only slow a device's cross-host link: a rank gets the
+    slower of its profile's figure and its share of the host's link over this fabric."""
+
+    name: str
+    host_bw: float  # bytes/s per direction one host reaches across, shared by its devices
+    latency_s: float  # one collective step across hosts
+
+
+# The GPU profiles' cross-host figures are InfiniBand's (one port per GPU): nothing to limit.
+INFINIBAND = Fabric("infiniband", host_bw=math.inf, latency_s=0.0)
+# NCCL's socket transport over one 100 Gb/s Ethernet NIC per host (no RDMA). nccl-tests
+# all_reduce_perf measured ~6 GB/s bus bandwidth for 16 ranks on two 8-GPU hosts with 100 Gb/s
+# networking (NVIDIA/nccl#398, AWS p3dn) and 4.5-5.2 GB/s at 8-16 MB on another 100 Gb/s TCP
+# network (NVIDIA/nccl#450): about half the 12.5 GB/s line rate. An 8-byte broadcast between
+# two hosts took 38-46 us (NVIDIA/nccl-tests#82), against the 20 us per step taken for IB.
+TCP = Fabric("tcp", host_bw=6 * GB, latency_s=45e-6)
+
+FABRICS: dict[str, Fabric] = {f.name: f for f in (INFINIBAND, TCP)}
+
+
+def fabric(name: str) -> Fabric:
+    """The fabric called `name`; a ValueError naming the known ones otherwise."""
+    try:
+        return FABRICS[name]
+    except KeyError:
+        raise ValueError(f"unknown fabric {name!r}; choose one of {', '.join(FABRICS)}") from None
+
+
+def cross_host_link(
+    device: DeviceProfile, fabric: Fabric, devices_per_host: int
+) -> tuple[float, float]:
+    """(bandwidth B/s, latency s) of one device's cross-host link over `fabric`: every device of
+    the host sends across at once (as the profiles' per-device figures assume), so each gets
+    its share of the host's link. The cpu profile's gloo figures are slower than tcp's for a
+    few devices per host, so it keeps them."""
+    return (
+        min(device.inter_host_bw, fabric.host_bw / devices_per_host),
+        max(device.inter_host_latency_s, fabric.latency_s),
+    )
 
 
 def host_memory_per_device(devices: int) -> int:

@@ -1,15 +1,16 @@
 """What the planner chooses (a `Layout`) and what it chooses for (a `Cluster`).
 
 docs/planner.md, "Search": a layout is the spec's `parallel` degrees and knobs; the cluster
-is N workers of D devices of one hardware profile. TP groups sit inside a host (the mesh puts
-TP innermost: services/mesh.py), so PP and then DP are the axes that cross hosts.
+is N workers of D devices of one hardware profile, their hosts joined by one fabric. TP groups
+sit inside a host (the mesh puts TP innermost: services/mesh.py), so PP and then DP are the
+axes that cross hosts.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from services.planner.hardware import DeviceProfile
+from services.planner.hardware import INFINIBAND, DeviceProfile, Fabric, cross_host_link
 from services.spec import ParallelSpec
 
 
@@ -63,6 +64,7 @@ class Cluster:
     devices_per_worker: int
     device: DeviceProfile
     memory_per_device: int  # bytes; the profile's, or host RAM / devices for cpu
+    fabric: Fabric = INFINIBAND  # what cross-host traffic runs over
 
     @property
     def devices(self) -> int:
@@ -77,5 +79,5 @@ class Cluster:
         consecutive mesh ranks: in-host when that block fits one worker."""
         d = self.device
         if self.spans_hosts(contiguous_ranks):
-            return d.inter_host_bw, d.inter_host_latency_s
+            return cross_host_link(d, self.fabric, self.devices_per_worker)
         return d.intra_host_bw, d.intra_host_latency_s

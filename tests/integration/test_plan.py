@@ -31,10 +31,26 @@ def test_a_bad_plan_request_names_the_field(stack):
         bad_device = c.http.post(
             "/v1/plan", json={"spec": tiny_spec("p"), "workers": 2, "device": "tpu"}
         )
+        bad_fabric = c.http.post(
+            "/v1/plan", json={"spec": tiny_spec("p"), "workers": 2, "fabric": "roce"}
+        )
     assert bad_spec.status_code == 422
     assert "spec.model.heads" in [p["field"] for p in bad_spec.json()["problems"]]
     assert bad_device.status_code == 422
     assert [p["field"] for p in bad_device.json()["problems"]] == ["device"]
+    assert bad_fabric.status_code == 422
+    assert bad_fabric.json()["problems"] == [
+        {"field": "fabric", "message": "unknown fabric 'roce'; choose one of infiniband, tcp"}
+    ]
+
+
+def test_a_plan_says_which_fabric_it_assumed(stack):
+    h100s = {"spec": tiny_spec("p"), "workers": 2, "devices_per_worker": 8, "device": "h100-80gb"}
+    with stack.controller.client(stack.secrets.viewer_token) as c:
+        ib = c.http.post("/v1/plan", json=h100s).json()
+        tcp = c.http.post("/v1/plan", json={**h100s, "fabric": "tcp"}).json()
+        pool = c.http.post("/v1/plan", json={"spec": tiny_spec("p"), "fabric": "tcp"}).json()
+    assert (ib["fabric"], tcp["fabric"], pool["fabric"]) == ("infiniband", "tcp", "tcp")
 
 
 def test_an_auto_spec_is_stored_with_the_planned_layout(stack):
