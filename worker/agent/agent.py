@@ -504,6 +504,9 @@ class Agent:
         )  # bounded: D state ignores SIGKILL
         for p in live:
             p.ended(p.proc.returncode, "stopped")
+            # what it wrote since the last tick, its last words included, is shipped with the
+            # stop below: on Kubernetes a replaced pod's run dir goes with it
+            self._echo(run, p)
         for p in run.ranks.values():
             p.memory.release()
         for p in (p for p in live if p.proc in stuck):

@@ -17,8 +17,10 @@ back.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -561,6 +563,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # `kill -USR1 <trainer pid>` writes every thread's Python stack to the rank's log, where
+    # `meshkeeper logs JOB --rank R` reads it: where a hung or slow rank is, without a debugger
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         return run(args)
     except (SpecError, DatasetError, StorageNotShared, WeightsError) as e:
