@@ -25,7 +25,7 @@ from services import planner
 from services.dataset_admission import check_dataset
 from services.paths import confine_spec
 from services.planner import Cluster, Layout
-from services.planner.hardware import INFINIBAND, Fabric, host_memory_per_device
+from services.planner.hardware import INFINIBAND, TCP, Fabric, host_memory_per_device
 from services.planner.search import candidates
 from services.spec import JobSpec, Problem, SpecError
 from services.store import Store
@@ -58,6 +58,7 @@ class PoolWorker:
     devices: int
     memory_bytes: int  # per device
     device_kind: str
+    fabric: str = "infiniband"  # what its host reaches other hosts over (its join)
 
 
 def live_pool(store: Store, alive_s: float) -> list[PoolWorker]:
@@ -71,15 +72,20 @@ def live_pool(store: Store, alive_s: float) -> list[PoolWorker]:
 def pool_of(infos: dict[str, dict[str, str]]) -> list[PoolWorker]:
     """The workers of these registrations (join-time fields), in their order."""
     return [
-        _pool_worker(w, i.get("devices"), i.get("memory_bytes"), i.get("device_kind"))
+        _pool_worker(
+            w, i.get("devices"), i.get("memory_bytes"), i.get("device_kind"), i.get("fabric")
+        )
         for w, i in infos.items()
     ]
 
 
 @functools.lru_cache(maxsize=1 << 16)  # built once per registration, not per submission
-def _pool_worker(wid: str, devices: str | None, memory: str | None, kind: str | None) -> PoolWorker:
+def _pool_worker(
+    wid: str, devices: str | None, memory: str | None, kind: str | None, fabric: str | None
+) -> PoolWorker:
     n = max(1, int(devices or 1))
-    return PoolWorker(wid, n, int(memory or 0) or host_memory_per_device(n), kind or "cpu")
+    memory_bytes = int(memory or 0) or host_memory_per_device(n)
+    return PoolWorker(wid, n, memory_bytes, kind or "cpu", fabric or INFINIBAND.name)
 
 
 def _gib(n: float) -> str:
@@ -87,11 +93,11 @@ def _gib(n: float) -> str:
 
 
 def pool_cluster(
-    pool: list[PoolWorker], max_ranks: int | None = None, fabric: Fabric = INFINIBAND
+    pool: list[PoolWorker], max_ranks: int | None = None, fabric: Fabric | None = None
 ) -> Cluster:
     """The pool as the planner sees it: its workers at the smallest device count and memory
-    among them (a plan that fits those fits every worker), joined by `fabric` (admission and
-    re-planning take InfiniBand: docs/planner.md, "Fabrics"). A `cuda` worker is costed as an
+    among them (a plan that fits those fits every worker), joined by `fabric`, by default the
+    slowest any of them joined with (docs/planner.md, "Fabrics"). A `cuda` worker is costed as an
     H200 when its devices hold more than 100 GB, else as an H100: admission judges memory, and
     those profiles differ from the A100's only in speed."""
     devices = min(w.devices for w in pool)
@@ -101,6 +107,8 @@ def pool_cluster(
     workers = len(pool)
     if max_ranks is not None:
         workers = max(1, min(workers, max_ranks // devices))
+    if fabric is None:
+        fabric = TCP if any(w.fabric == TCP.name for w in pool) else INFINIBAND
     return planner.cluster(name, workers, devices, memory, fabric)
 
 

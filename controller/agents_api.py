@@ -52,6 +52,11 @@ class JoinRequest(BaseModel):
         int, Field(ge=0, description="per device: host RAM / devices on CPU, GPU memory on GPU")
     ]
     device_kind: Literal["cpu", "cuda"]
+    fabric: Literal["infiniband", "tcp"] = Field(
+        default="infiniband",
+        description="the network this host reaches other hosts over: infiniband (RDMA: "
+        "InfiniBand or RoCE) or tcp (sockets); the planner costs cross-host traffic by it",
+    )
     pid: Annotated[int, Field(ge=1)]
     run_dir: Annotated[str, Field(max_length=4096)] = ""
     credential: Annotated[

@@ -34,7 +34,7 @@ def _unprocessable(problems: list[Problem]) -> JSONResponse:
 
 def _cluster(ctl: Controller, body: api.PlanRequest) -> planner.Cluster:
     try:
-        fabric = planner.fabric(body.fabric)
+        fabric = None if body.fabric is None else planner.fabric(body.fabric)
     except ValueError as e:
         raise SpecError([Problem("fabric", str(e))]) from None
     if body.workers is None:
@@ -50,7 +50,7 @@ def _cluster(ctl: Controller, body: api.PlanRequest) -> planner.Cluster:
             body.workers,
             body.devices_per_worker or 1,
             body.memory_per_device_bytes,
-            fabric,
+            fabric or planner.INFINIBAND,
         )
     except ValueError as e:
         raise SpecError([Problem("device", str(e))]) from None

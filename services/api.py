@@ -282,11 +282,13 @@ class PlanRequest(BaseModel):
     memory_per_device_bytes: int | None = Field(
         default=None, ge=1, description="overrides the profile's (needed for cpu)"
     )
-    fabric: str = Field(
-        default="infiniband",
+    fabric: str | None = Field(
+        default=None,
         max_length=32,
         description="the network between hosts: infiniband (the profile's own cross-host "
-        "figures) or tcp (NCCL over sockets on a 100 Gb/s Ethernet NIC per host, no RDMA)",
+        "figures) or tcp (NCCL over sockets on a 100 Gb/s Ethernet NIC per host, no RDMA); "
+        "omit for the live pool's (tcp if any worker joined over tcp) or, with `workers`, "
+        "infiniband",
     )
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+from services.planner.hardware import FABRICS
+
 
 def _int_at_least(low: int):
     def check(text: str) -> str | None:
@@ -40,8 +42,13 @@ def _number(text: str) -> str | None:
     return None
 
 
+def _fabric(text: str) -> str | None:
+    return None if text in FABRICS else f"not one of {', '.join(FABRICS)}"
+
+
 CHECKS = {
     "devices": _int_at_least(1),
+    "fabric": _fabric,
     "memory_bytes": _int_at_least(0),
     "labels": _labels,
     "joined_at": _number,

@@ -85,6 +85,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="Redis key prefix (--insecure-direct-redis only; a join is told it)",
     )
     ap.add_argument(
+        "--fabric",
+        choices=("auto", "infiniband", "tcp"),
+        default=env("MESHKEEPER_FABRIC") or "auto",
+        help="the network this host reaches other hosts over, for the planner: infiniband "
+        "(RDMA: InfiniBand or RoCE), tcp (sockets), or auto: infiniband where the kernel "
+        "lists an RDMA device (/sys/class/infiniband), else tcp (env MESHKEEPER_FABRIC)",
+    )
+    ap.add_argument(
         "--id",
         default=env("MESHKEEPER_WORKER_ID"),
         help="worker id (default: hostname plus a random suffix)",
@@ -226,6 +234,17 @@ def device_memory(devices: int) -> tuple[str, int]:
     return "cpu", psutil.virtual_memory().total // devices
 
 
+def host_fabric(choice: str, rdma_devices: Path = Path("/sys/class/infiniband")) -> str:
+    """`--fabric`, with auto resolved: NCCL takes its IB transport (InfiniBand or RoCE) only
+    where the kernel lists an RDMA device, and falls back to sockets otherwise."""
+    if choice != "auto":
+        return choice
+    try:
+        return "infiniband" if any(rdma_devices.iterdir()) else "tcp"
+    except OSError:  # no RDMA stack at all
+        return "tcp"
+
+
 def joiner(args: argparse.Namespace, cfg: AgentConfig) -> Joiner:
     """How this agent joins through the controller (worker/agent/joining.py)."""
     token, (kind, memory) = join_token(args), device_memory(cfg.devices)
@@ -243,6 +262,7 @@ def joiner(args: argparse.Namespace, cfg: AgentConfig) -> Joiner:
         "labels": cfg.labels,
         "memory_bytes": memory,
         "device_kind": kind,
+        "fabric": host_fabric(args.fabric),
         "pid": os.getpid(),
         "run_dir": str(cfg.run_dir),
     }

@@ -10,6 +10,7 @@ import yaml
 
 from tests.integration.conftest import WORKERS, tiny_spec, wait_phase
 from tests.integration.test_cli import meshkeeper
+from worker.__main__ import host_fabric
 
 
 def test_a_viewer_plans_for_the_live_pool(stack):
@@ -50,7 +51,11 @@ def test_a_plan_says_which_fabric_it_assumed(stack):
         ib = c.http.post("/v1/plan", json=h100s).json()
         tcp = c.http.post("/v1/plan", json={**h100s, "fabric": "tcp"}).json()
         pool = c.http.post("/v1/plan", json={"spec": tiny_spec("p"), "fabric": "tcp"}).json()
+        joined = c.http.post("/v1/plan", json={"spec": tiny_spec("p")}).json()
     assert (ib["fabric"], tcp["fabric"], pool["fabric"]) == ("infiniband", "tcp", "tcp")
+    # unasked, the live pool's: what its agents found on this machine at their join
+    assert joined["fabric"] == host_fabric("auto")
+    assert {i.get("fabric") for i in stack.store.workers(stack.store.alive_workers(5)).values()}
 
 
 def test_an_auto_spec_is_stored_with_the_planned_layout(stack):

@@ -1,6 +1,7 @@
 """The fabric between hosts (services/planner/hardware.py, docs/planner.md "Fabrics"): tcp
 slows cross-host links only, lengthens the steps whose traffic crosses hosts, and moves the
-planner's choice off them; an unknown name is refused naming the choices."""
+planner's choice off them; an unknown name is refused naming the choices. An agent says which
+its host has at its join, and the pool is costed over the slowest."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import pytest
 import yaml
 
 from cli.main import main
+from controller.admission import PoolWorker, pool_cluster
 from services.planner import FABRICS, Layout, cluster, evaluate, fabric, search
+from services.registration import problems
 from services.spec import JobSpec, parse_spec
+from worker.__main__ import host_fabric
 
 IB, TCP = FABRICS["infiniband"], FABRICS["tcp"]
 
@@ -98,3 +102,28 @@ def test_the_command_line_refuses_an_unknown_fabric_in_one_line(tmp_path, capsys
         "meshkeeper plan: error: argument --fabric: invalid choice: 'roce' "
         "(choose from 'infiniband', 'tcp')"
     )
+
+
+def test_an_agent_reports_tcp_unless_the_kernel_lists_an_rdma_device(tmp_path):
+    sysfs = tmp_path / "infiniband"
+    assert host_fabric("auto", sysfs) == "tcp"  # no RDMA stack at all
+    sysfs.mkdir()
+    assert host_fabric("auto", sysfs) == "tcp"  # the class, no device
+    (sysfs / "mlx5_0").mkdir()
+    assert host_fabric("auto", sysfs) == "infiniband"
+    assert host_fabric("tcp", sysfs) == "tcp"  # said, not guessed
+
+
+def gpus(*fabrics: str) -> list[PoolWorker]:
+    return [PoolWorker(f"w{i}", 8, 80 * 10**9, "cuda", f) for i, f in enumerate(fabrics)]
+
+
+def test_the_pool_is_costed_over_the_slowest_fabric_a_worker_joined_with():
+    assert pool_cluster(gpus("infiniband", "infiniband")).fabric == IB
+    assert pool_cluster(gpus("infiniband", "tcp")).fabric == TCP
+    assert pool_cluster(gpus("tcp", "tcp"), fabric=IB).fabric == IB  # asked
+
+
+def test_a_registration_with_an_unknown_fabric_is_malformed():
+    assert problems({"fabric": "roce"}) == {"fabric": "not one of infiniband, tcp"}
+    assert problems({"fabric": "tcp"}) == {}
