@@ -24,7 +24,7 @@ from services.store import Store, loads
 
 _RANKS = TypeAdapter(list[RankStatus])
 _RECOVERIES = TypeAdapter(list[RecoveryRecord])
-_CURRENT = TypeAdapter(dict[str, int])  # degrees, microbatches, grow_after
+_CURRENT = TypeAdapter(dict[str, int | None])  # degrees, microbatches, grow_after
 _DRAIN = TypeAdapter(dict[str, int | float])  # generation, step, at
 
 

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from pathlib import Path
 
 import deploytools as dt
 import pytest
@@ -17,14 +18,18 @@ import yaml
 from tests.stack import wait_until
 
 DOCKERFILE = dt.REPO / "deploy" / "docker" / "Dockerfile"
+CUDA_DOCKERFILE = dt.REPO / "deploy" / "docker" / "Dockerfile.cuda"
 COMPOSE = dt.REPO / "docker-compose.yml"
+# Each Dockerfile and the images (targets) it builds.
+IMAGES = {DOCKERFILE: ("controller", "worker"), CUDA_DOCKERFILE: ("worker", "worker-efa")}
+BOTH = pytest.mark.parametrize("dockerfile", list(IMAGES), ids=lambda p: p.name)
 
 
-def stages() -> dict[str, dict]:
+def stages(dockerfile: Path = DOCKERFILE) -> dict[str, dict]:
     """Stage name -> {"base": parent stage or image, "lines": its instructions}."""
     out: dict[str, dict] = {}
     current = None
-    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())  # join continuation lines
+    text = re.sub(r"\\\n", " ", dockerfile.read_text())  # join continuation lines
     for line in text.splitlines():
         line = line.strip()
         m = re.match(r"FROM\s+(\S+)\s+AS\s+(\S+)", line, re.I)
@@ -35,9 +40,9 @@ def stages() -> dict[str, dict]:
     return out
 
 
-def chain(target: str) -> list[str]:
+def chain(target: str, dockerfile: Path = DOCKERFILE) -> list[str]:
     """Instructions that apply to a target, its ancestors' first."""
-    st = stages()
+    st = stages(dockerfile)
     lines: list[str] = []
     while target in st:
         lines = st[target]["lines"] + lines
@@ -45,8 +50,21 @@ def chain(target: str) -> list[str]:
     return lines
 
 
-def test_dockerfile_passes_hadolint():
-    out = dt.run(dt.tool("hadolint"), "--failure-threshold", "style", "--no-color", str(DOCKERFILE))
+def build_args(dockerfile: Path) -> dict[str, str]:
+    """Every `ARG NAME=default` of a Dockerfile, global or in a stage."""
+    return dict(re.findall(r"^\s*ARG\s+(\w+)=(\S+)", dockerfile.read_text(), re.M))
+
+
+def torch_pin() -> list[str]:
+    pyproject = tomllib.loads((dt.REPO / "pyproject.toml").read_text())
+    return [
+        r for r in pyproject["project"]["optional-dependencies"]["worker"] if r.startswith("torch")
+    ]
+
+
+@BOTH
+def test_dockerfile_passes_hadolint(dockerfile):
+    out = dt.run(dt.tool("hadolint"), "--failure-threshold", "style", "--no-color", str(dockerfile))
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -57,9 +75,11 @@ def test_hadolint_is_really_linting(tmp_path):
     assert out.returncode != 0 and "DL3006" in out.stdout, out.stdout
 
 
-def test_images_are_non_root_with_a_healthcheck():
-    for target in ("controller", "worker"):
-        lines = chain(target)
+@BOTH
+def test_images_are_non_root_with_a_healthcheck(dockerfile):
+    for target in IMAGES[dockerfile]:
+        lines = chain(target, dockerfile)
+        assert lines, f"{dockerfile.name} has no stage {target}"
         users = [ln.split()[1] for ln in lines if ln.upper().startswith("USER ")]
         assert users and users[-1].split(":")[0] not in ("0", "root"), f"{target} runs as root"
         assert any(ln.upper().startswith("HEALTHCHECK ") for ln in lines), (
@@ -67,13 +87,12 @@ def test_images_are_non_root_with_a_healthcheck():
         )
 
 
-def test_torch_pin_matches_pyproject():
-    pyproject = tomllib.loads((dt.REPO / "pyproject.toml").read_text())
-    pins = [
-        r for r in pyproject["project"]["optional-dependencies"]["worker"] if r.startswith("torch")
-    ]
-    arg = re.search(r"ARG TORCH_VERSION=(\S+)", DOCKERFILE.read_text()).group(1)
-    assert pins == [f"torch=={arg}"], f"Dockerfile TORCH_VERSION={arg} but pyproject pins {pins}"
+@BOTH
+def test_torch_pin_matches_pyproject(dockerfile):
+    arg = build_args(dockerfile)["TORCH_VERSION"]
+    assert torch_pin() == [f"torch=={arg}"], (
+        f"{dockerfile.name} TORCH_VERSION={arg} but pyproject pins {torch_pin()}"
+    )
 
 
 def test_controller_image_installs_no_torch():
@@ -101,14 +120,73 @@ def test_the_controller_image_extras_exist():
     assert {"kopf", "kubernetes"} <= names, extras["operator"]
 
 
-def test_dockerignore_lets_in_only_what_the_dockerfile_copies():
+@BOTH
+def test_dockerignore_lets_in_only_what_the_dockerfile_copies(dockerfile):
     lines = (dt.REPO / ".dockerignore").read_text().splitlines()
     assert "*" in lines, ".dockerignore should exclude everything, then allow the sources"
     allowed = {ln[1:].rstrip("/") for ln in lines if ln.startswith("!")}
-    for line in chain("controller-build") + chain("worker-build"):
-        if line.upper().startswith("COPY ") and "--from" not in line:
-            for src in line.split()[1:-1]:
-                assert src.rstrip("/") in allowed, f"COPY {src} but .dockerignore excludes it"
+    for stage in stages(dockerfile).values():
+        for line in stage["lines"]:
+            if line.upper().startswith("COPY ") and "--from" not in line:
+                for src in line.split()[1:-1]:
+                    assert src.rstrip("/") in allowed, f"COPY {src} but .dockerignore excludes it"
+
+
+# --- the CUDA worker image (deploy/docker/Dockerfile.cuda) ------------------------
+
+
+def test_cuda_image_takes_torch_s_wheels_for_its_cuda_base():
+    """Base image, wheel index and torch build name one CUDA release; the pin is pyproject's."""
+    args = build_args(CUDA_DOCKERFILE)
+    base = re.fullmatch(
+        r"nvidia/cuda:(\d+)\.(\d+)\.(\d+)-(\w+)-ubuntu(\d+\.\d+)", args["CUDA_IMAGE"]
+    )
+    assert base, f"CUDA_IMAGE={args['CUDA_IMAGE']}: an official nvidia/cuda tag, pinned to x.y.z"
+    assert args["TORCH_CUDA"] == f"cu{base[1]}{base[2]}", (args["TORCH_CUDA"], args["CUDA_IMAGE"])
+    installs = [ln for ln in chain("worker-build", CUDA_DOCKERFILE) if "torch==" in ln]
+    assert len(installs) == 1, installs
+    assert '--index-url "https://download.pytorch.org/whl/${TORCH_CUDA}"' in installs[0]
+    # the local version makes pip refuse anything but that CUDA build (say, a CPU wheel)
+    assert '"torch==${TORCH_VERSION}+${TORCH_CUDA}"' in installs[0]
+    assert installs[0].index("torch==") < installs[0].index('pip install ".[worker]"')
+    for stage in ("build", "runtime"):
+        assert stages(CUDA_DOCKERFILE)[stage]["base"] == "${CUDA_IMAGE}", stage
+
+
+def test_cuda_image_installs_the_rdma_userspace_pinned():
+    """libibverbs and its providers (mlx5, efa) are what NCCL's IB transport dlopens: without
+    them it falls back to TCP without a word."""
+    version = build_args(CUDA_DOCKERFILE)["RDMA_CORE_VERSION"]
+    assert re.fullmatch(r"\d+\.\d+-\S+", version), version
+    for target in IMAGES[CUDA_DOCKERFILE]:
+        installs = " ".join(ln for ln in chain(target, CUDA_DOCKERFILE) if "apt-get install" in ln)
+        for pkg in ("libibverbs1", "ibverbs-providers", "librdmacm1"):
+            assert f'"{pkg}=${{RDMA_CORE_VERSION}}"' in installs, (target, pkg)
+
+
+def test_the_cuda_worker_is_the_cpu_worker_on_another_base():
+    """Same user, layout, port, health check and entrypoint as deploy/docker/Dockerfile's."""
+
+    def kept(lines: list[str]) -> list[str]:
+        keys = ("USER", "WORKDIR", "EXPOSE", "HEALTHCHECK", "ENTRYPOINT", "CMD")
+        return [
+            ln
+            for ln in lines
+            if ln.split()[0].upper() in keys or "useradd" in ln or "/opt/venv/bin:$PATH" in ln
+        ]
+
+    cpu, cuda = chain("worker"), chain("worker", CUDA_DOCKERFILE)
+    assert kept(cuda) == kept(cpu)
+    assert "COPY --from=worker-build /opt/venv /opt/venv" in cuda
+
+
+def test_the_default_cuda_build_downloads_only_base_images_and_wheels():
+    """A build without --target makes `worker` (the last stage); the EFA installer, fetched
+    with curl, is only in the opt-in worker-efa target."""
+    assert list(stages(CUDA_DOCKERFILE))[-1] == "worker"
+    for line in chain("worker", CUDA_DOCKERFILE):
+        assert not re.search(r"\b(curl|wget)\b|^ADD\s", line), line
+    assert any("efa_installer.sh" in ln for ln in chain("worker-efa", CUDA_DOCKERFILE))
 
 
 # --- docker-compose.yml ----------------------------------------------------------

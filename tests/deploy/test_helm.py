@@ -125,6 +125,19 @@ def test_gpu_values_reach_the_worker_pod():
     assert "add" not in default["securityContext"]["capabilities"]
 
 
+def test_the_gpu_values_run_the_image_dockerfile_cuda_builds():
+    """variant cuda renders <repository>:<appVersion>-cuda: the tag that the build command of
+    deploy/docker/Dockerfile.cuda (its header, docs/deploy.md) gives. Defaults stay on -cpu."""
+    app = yaml.safe_load((dt.CHART / "Chart.yaml").read_text())["appVersion"]
+    gpu = container(one(objects(CASES["gpu-values.yaml"]), "Deployment", "-worker"))
+    assert gpu["image"] == f"meshkeeper-worker:{app}-cuda"
+    build = f"docker build -f deploy/docker/Dockerfile.cuda -t {gpu['image']} ."
+    for doc in (dt.REPO / "deploy" / "docker" / "Dockerfile.cuda", dt.REPO / "docs" / "deploy.md"):
+        assert build in doc.read_text(), f"{doc.name} does not build {gpu['image']}"
+    default = container(one(objects(), "Deployment", "-worker"))
+    assert default["image"] == f"meshkeeper-worker:{app}-cpu"
+
+
 def test_snapshots_get_a_memory_volume_of_their_own():
     worker = one(objects(), "Deployment", "-worker")
     pod, c = worker["spec"]["template"]["spec"], container(worker)
