@@ -38,6 +38,7 @@ from services.redis_url import with_credentials
 from services.secrets import write_secret
 from services.store import Store, acl_file, wait_for_redis
 from services.tokens import new_token, write_auth_file
+from tests.netns import TestNetwork
 from worker.progress import CHAOS_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,7 +216,8 @@ class RedisServer:
     (`controller_url`) and `provisioner` (`provisioner_url`); agent users the controller adds
     at join are saved to it and survive a restart. AOF with fsync on every write, so a SIGKILL
     loses nothing. With `tls` (a PEM certificate that is its own CA, and its key) it serves
-    only TLS, and the URLs are rediss://."""
+    only TLS, and the URLs are rediss://. `bind`: the addresses it listens on (the URLs name
+    the first; `url_on` another)."""
 
     def __init__(
         self,
@@ -223,8 +225,10 @@ class RedisServer:
         secrets: TestSecrets | None = None,
         prefix: str = "mk:",
         tls: tuple[Path, Path] | None = None,
+        bind: tuple[str, ...] = ("127.0.0.1",),
     ):
         self.work, self.port, self.prefix, self.tls = work, free_port(), prefix, tls
+        self.bind = bind
         self.secrets = secrets or TestSecrets.create(work / "secrets")
         self.anonymous_url = (
             f"rediss://127.0.0.1:{self.port}/0?ssl_ca_certs={tls[0]}"
@@ -276,7 +280,7 @@ class RedisServer:
                 exe,
                 *ports,
                 "--bind",
-                "127.0.0.1",
+                *self.bind,
                 "--dir",
                 str(self.work),
                 "--save",
@@ -295,6 +299,11 @@ class RedisServer:
             wait_for_redis(store, 20)
         finally:
             store.close()
+
+    def url_on(self, host: str) -> str:
+        """The URL without credentials at `host`, one of the `bind` addresses (what a
+        controller hands agents that reach Redis there: --agent-redis-url)."""
+        return self.anonymous_url.replace("127.0.0.1", host, 1)
 
     def kill(self) -> None:
         self.proc.kill(signal.SIGKILL)
@@ -337,7 +346,8 @@ def agent_argv(
 
 
 class Controller:
-    """A controller process with auth on (its auth file from `secrets`), as deployed."""
+    """A controller process with auth on (its auth file from `secrets`), as deployed. With
+    `host` it listens there (--host) instead of on 127.0.0.1, and `url` names it."""
 
     def __init__(
         self,
@@ -346,17 +356,19 @@ class Controller:
         name: str,
         secrets: TestSecrets,
         extra: list[str] = (),
+        host: str | None = None,
     ):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port = free_port(host or "127.0.0.1")
+        self.url = f"http://{host or '127.0.0.1'}:{self.port}"
         self.secrets = secrets
+        bind = ("--host", host) if host else ()
         self.proc = Proc(
             name,
             controller_argv(
                 self.port,
                 redis,
                 secrets.auth_file.parent,
-                *("--log-level", "info", "--auth-file", str(secrets.auth_file), *extra),
+                *("--log-level", "info", "--auth-file", str(secrets.auth_file), *extra, *bind),
             ),
             log_dir,
         )
@@ -398,6 +410,7 @@ class Stack:
         hosts: bool = False,
         devices: int = 1,
         shared_checkpoints: bool = True,
+        netns: bool = False,
     ):
         """`workers` agents and Redis as `redis_kind(dir, secrets)` builds it: one server, or
         a master, its replica and Sentinels (tests/sentinel_redis.py) that every part reaches
@@ -405,27 +418,65 @@ class Stack:
         its own host name, and memory of its own (bench/common.py, `own_memory`), which dies
         with it (`kill_host`). Each agent holds `devices` ranks (`--devices`), as one agent
         per GPU node does. Without `shared_checkpoints` each agent checkpoints to a root of
-        its own, as on node-local disks."""
+        its own, as on node-local disks.
+
+        With `netns` too (needs `hosts`, and the one-server RedisServer), each host has a
+        network of its own: a network namespace on a private bridge (tests/netns.py), whose
+        address is its agent's --address (and metrics address). Agents, trainers and buddy
+        copies talk across the bridge, never over a shared loopback. Redis and the controller
+        stay in this namespace and listen on the bridge's gateway address (Redis on
+        127.0.0.1 too; the controller only there, so `controller.url` names it), and the
+        controller hands agents Redis there (--agent-redis-url). Each agent gets
+        GLOO_SOCKET_IFNAME=eth0, as a deployment on host networking sets it (helm's GPU
+        example): otherwise gloo takes the address the machine's host name resolves to,
+        loopback here, and ranks on other hosts cannot connect to it."""
+        if netns and not hosts:
+            raise ValueError("netns=True needs hosts=True: a network host has memory of its own")
         self.work, self.workers, self.hosts, self.devices = work, workers, hosts, devices
         self.shared_checkpoints = shared_checkpoints
-        # the data root of the controller and every agent: datasets and model directories
-        self.data = work / "data"
-        self.data.mkdir(parents=True, exist_ok=True)
-        self.secrets = TestSecrets.create(work / "secrets")
-        self.redis = redis_kind(work / "redis", self.secrets)
-        self.redis.work.mkdir(parents=True)
-        self.redis.start()
-        self.store = Store(self.redis.url)
+        self.net = TestNetwork(workers) if netns else None
+        # worker id -> the address its agent registers, and serves its metrics at
+        self.addresses = {
+            f"w{i}": self.net.hosts[i].address if self.net else "127.0.0.1" for i in range(workers)
+        }
         self.controllers: list[Controller] = []
-        self.controller = self.start_controller()
-        self.metrics_ports: dict[str, int] = {}  # worker id -> its agent's Prometheus port
-        self.agents = {f"w{i}": self._agent(f"w{i}") for i in range(workers)}
-        self.client = self.controller.client()
+        self.agents: dict[str, Proc] = {}
+        self.redis = None
+        try:
+            # the data root of the controller and every agent: datasets and model directories
+            self.data = work / "data"
+            self.data.mkdir(parents=True, exist_ok=True)
+            self.secrets = TestSecrets.create(work / "secrets")
+            bind = {"bind": ("127.0.0.1", self.net.gateway)} if self.net else {}
+            self.redis = redis_kind(work / "redis", self.secrets, **bind)
+            self.redis.work.mkdir(parents=True)
+            self.redis.start()
+            self.store = Store(self.redis.url)
+            self.controller = self.start_controller()
+            self.metrics_ports: dict[str, int] = {}  # worker id -> its agent's Prometheus port
+            for i in range(workers):
+                self.agents[f"w{i}"] = self._agent(f"w{i}")
+            self.client = self.controller.client()
+        except BaseException:
+            self._abort()
+            raise
+
+    def _abort(self) -> None:
+        """Stop what a failed __init__ started and remove its network, then let it raise."""
+        try:
+            stop_all([a.p for a in self.agents.values()], 5)
+            stop_all([c.proc.p for c in self.controllers], 5)
+            if self.redis is not None and self.redis.proc is not None:
+                stop_all([self.redis.proc.p], 5)
+        finally:
+            if self.net:
+                self.net.close()
 
     def start_controller(self) -> Controller:
         """A controller replica; it accepts fault injection (`chaos`) from the admin token,
         `self.client`'s, for the silent-data-corruption chaos tests, and, as `meshkeeper up`
         does, specs that write under the agents' checkpoint root (checkpoint.export_hf)."""
+        on_net = ["--agent-redis-url", self.redis.url_on(self.net.gateway)] if self.net else []
         c = Controller(
             self.redis,
             self.work / "logs",
@@ -437,7 +488,9 @@ class Stack:
                 str(self.data),
                 "--checkpoint-root-allow",
                 str(self.work / "checkpoints"),
+                *on_net,
             ],
+            host=self.net.gateway if self.net else None,
         )
         self.controllers.append(c)
         return c
@@ -464,9 +517,16 @@ class Stack:
             argv += ["--devices", str(self.devices)]
         if not self.shared_checkpoints:  # the last --checkpoint-root given wins
             argv += ["--checkpoint-root", str(self.work / "checkpoints" / wid)]
+        env = {**ENV, CHAOS_ENV: "1"}
+        if self.net:  # the last --address given wins
+            argv += ["--address", self.addresses[wid], "--metrics-host", self.addresses[wid]]
+            env["GLOO_SOCKET_IFNAME"] = "eth0"  # the host's end of its veth (tests/netns.py)
         if self.hosts:
             argv = own_memory([*argv, "--host-name", f"host-{wid}"])
-        return Proc(f"agent-{wid}", argv, self.work / "logs", {**ENV, CHAOS_ENV: "1"})
+        if self.net:  # outermost: `ip netns exec` makes a mount namespace of its own too, and
+            # own_memory's, made inside that one, is the one with the host's /dev/shm
+            argv = [*self.net.argv_in(int(wid[1:])), *argv]
+        return Proc(f"agent-{wid}", argv, self.work / "logs", env)
 
     def restart_agent(self, wid: str, redis_url: str | None = None) -> Proc:
         """A new agent process with the same worker id (a returning host)."""
@@ -538,7 +598,8 @@ class Stack:
 
     def scrape(self, wid: str) -> str:
         """The agent's /metrics, as Prometheus scrapes it."""
-        return httpx.get(f"http://127.0.0.1:{self.metrics_ports[wid]}/metrics", timeout=5).text
+        url = f"http://{self.addresses.get(wid, '127.0.0.1')}:{self.metrics_ports[wid]}/metrics"
+        return httpx.get(url, timeout=5).text
 
     def scrape_controller(self) -> str:
         """The controller's /metrics with the scrape token, as Prometheus scrapes it."""
@@ -560,11 +621,15 @@ class Stack:
         return "\n".join(f"--- {c.proc.name}\n{c.proc.tail(1500)}" for c in self.controllers)
 
     def close(self) -> None:
-        self.client.close()
-        stop_all([a.p for a in self.agents.values()], 10)
-        stop_all([c.proc.p for c in self.controllers], 5)
-        self.redis.close()
-        self.store.close()
+        try:
+            self.client.close()
+            stop_all([a.p for a in self.agents.values()], 10)
+            stop_all([c.proc.p for c in self.controllers], 5)
+            self.redis.close()
+            self.store.close()
+        finally:
+            if self.net:  # after every process in it: then nothing holds a namespace
+                self.net.close()
 
 
 def _mount_ns(pid: int) -> str | None:
