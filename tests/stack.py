@@ -426,10 +426,9 @@ class Stack:
         copies talk across the bridge, never over a shared loopback. Redis and the controller
         stay in this namespace and listen on the bridge's gateway address (Redis on
         127.0.0.1 too; the controller only there, so `controller.url` names it), and the
-        controller hands agents Redis there (--agent-redis-url). Each agent gets
-        GLOO_SOCKET_IFNAME=eth0, as a deployment on host networking sets it (helm's GPU
-        example): otherwise gloo takes the address the machine's host name resolves to,
-        loopback here, and ranks on other hosts cannot connect to it."""
+        controller hands agents Redis there (--agent-redis-url). Gloo binds the interface
+        holding the agent's --address (worker/agent/gloo_interface.py), not the address the
+        machine's host name resolves to (loopback here)."""
         if netns and not hosts:
             raise ValueError("netns=True needs hosts=True: a network host has memory of its own")
         self.work, self.workers, self.hosts, self.devices = work, workers, hosts, devices
@@ -520,7 +519,6 @@ class Stack:
         env = {**ENV, CHAOS_ENV: "1"}
         if self.net:  # the last --address given wins
             argv += ["--address", self.addresses[wid], "--metrics-host", self.addresses[wid]]
-            env["GLOO_SOCKET_IFNAME"] = "eth0"  # the host's end of its veth (tests/netns.py)
         if self.hosts:
             argv = own_memory([*argv, "--host-name", f"host-{wid}"])
         if self.net:  # outermost: `ip netns exec` makes a mount namespace of its own too, and

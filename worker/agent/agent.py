@@ -38,6 +38,7 @@ from services.procs import stop_all
 from services.records import EXIT_SUSPENDED, RankReport
 from services.spec import SpecError, parse_spec
 from services.store import Store, loads
+from worker.agent.gloo_interface import gloo_env
 from worker.agent.heartbeat import Heartbeat
 from worker.agent.launcher import Launcher
 from worker.agent.memory_watch import MemoryWatch, limited_group
@@ -700,7 +701,7 @@ class Agent:
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])  # trainers import worker.* from here
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-        return env
+        return {**env, **gloo_env(self.cfg.address, env)}
 
     def _shutdown(self) -> None:
         if self.run is not None:
