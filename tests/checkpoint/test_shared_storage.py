@@ -13,9 +13,14 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def local_disks(tmp_path_factory):
-    """Two agents, each a host of its own, each with its own --checkpoint-root."""
+    """Two agents, each a host of its own (network and memory), each with its own
+    --checkpoint-root."""
     s = Stack(
-        tmp_path_factory.mktemp("local-disks"), workers=2, hosts=True, shared_checkpoints=False
+        tmp_path_factory.mktemp("local-disks"),
+        workers=2,
+        hosts=True,
+        netns=True,
+        shared_checkpoints=False,
     )
     yield s
     s.close()
