@@ -5,6 +5,13 @@ and the trainer both read it, and every problem is a `SpecError` naming the file
 Both forms found in the wild are read: `rope_theta` with `rope_scaling` (what checkpoints on
 the hub carry) and transformers 5's `rope_parameters`. `seq_len` and the training fields stay
 the spec's. A field the spec gives as well must agree with the config: an error names both.
+
+Mixtral's mixture of experts maps onto meshkeeper's (worker/trainer/moe.py), whose router is
+Mixtral's: softmax over the top_k logits (transformers' softmax over all of them, then
+renormalised over the top_k, is the same number), dropless (capacity_factor 0), no shared
+experts. What transformers would compute differently is refused by name: router jitter noise,
+and its load-balancing loss (`output_router_logits`), unless the spec says which balance loss
+to train with (`model.aux_loss_coef`).
 """
 
 from __future__ import annotations
@@ -15,8 +22,18 @@ from typing import Any
 
 from services.spec_types import Problem, SpecError
 
-# the architectures whose weights map onto meshkeeper's model (worker/hf/llama.py)
-SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# the architectures whose weights map onto meshkeeper's model (worker/hf/llama.py; Mixtral's
+# router and experts: worker/hf/mixtral.py)
+MIXTRAL = "MixtralForCausalLM"
+SUPPORTED = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    MIXTRAL,
+)
+# those whose attention has Mistral's sliding window unless use_sliding_window says otherwise
+SLIDING = ("MistralForCausalLM", MIXTRAL)
 CONFIG = "config.json"
 
 
@@ -58,8 +75,13 @@ def architecture(config: dict[str, Any], seq_len: int, where: str) -> dict[str, 
         refuse("attention_bias", "true also puts a bias on o_proj, which is not implemented")
     if config.get("mlp_bias"):
         refuse("mlp_bias", "true is not implemented (the MLP has no biases)")
+    if config.get("attention_dropout"):
+        refuse(
+            "attention_dropout",
+            f"{config['attention_dropout']}: dropout is not implemented; set it to 0",
+        )
     window = config.get("sliding_window")
-    sliding = config.get("use_sliding_window", arch == "MistralForCausalLM")
+    sliding = config.get("use_sliding_window", arch in SLIDING)
     if sliding and window is not None and window < seq_len:
         refuse(
             "sliding_window",
@@ -67,6 +89,12 @@ def architecture(config: dict[str, Any], seq_len: int, where: str) -> dict[str, 
             f"is not implemented; set model.seq_len to at most {window}",
         )
     rope = _rope(config, refuse)
+    if arch == MIXTRAL and config.get("router_jitter_noise"):
+        refuse(
+            "router_jitter_noise",
+            f"{config['router_jitter_noise']}: transformers multiplies each MoE layer's input "
+            "by uniform noise while training, which meshkeeper does not implement; set it to 0",
+        )
     if problems:
         raise SpecError(problems)
     try:
@@ -85,6 +113,12 @@ def architecture(config: dict[str, Any], seq_len: int, where: str) -> dict[str, 
             "qk_norm": arch == "Qwen3ForCausalLM",
             **rope,
         }
+        if arch == MIXTRAL:
+            fields.update(
+                experts=config["num_local_experts"],
+                top_k=config.get("num_experts_per_tok", 2),  # MixtralConfig's default
+                capacity_factor=0.0,  # dropless: transformers computes every choice
+            )
     except KeyError as e:
         raise _refused(f"{where}: {e.args[0]} is missing; is this a {arch} config?") from None
     return fields
@@ -122,7 +156,8 @@ def with_hf_architecture(spec: dict[str, Any]) -> dict[str, Any]:
             [Problem("model.seq_len", "required with model.hf: the context length to train at")]
         )
     where = str(Path(model["hf"]) / CONFIG)
-    fields = architecture(read_config(model["hf"]), model["seq_len"], where)
+    config = read_config(model["hf"])
+    fields = architecture(config, model["seq_len"], where)
     conflicts = [
         Problem(
             f"model.{k}",
@@ -136,7 +171,27 @@ def with_hf_architecture(spec: dict[str, Any]) -> dict[str, Any]:
         conflicts.append(Problem("model.preset", "a preset and model.hf exclude each other"))
     if conflicts:
         raise SpecError(conflicts)
-    return {**spec, "model": {**model, **fields}}
+    return {**spec, "model": {**_objective(config, model, where), **model, **fields}}
+
+
+def _objective(config: dict[str, Any], model: dict[str, Any], where: str) -> dict[str, Any]:
+    """Training fields the config implies where the spec leaves them unset. A Mixtral's
+    balance loss: transformers adds its own (over the whole batch and every layer at once,
+    router_aux_loss_coef times it) only with output_router_logits, and meshkeeper's is another
+    (Switch's per sequence and layer, model.aux_loss_coef): without it, aux_loss_coef is 0 as
+    transformers trains; with it, the spec must choose."""
+    if (config.get("architectures") or [None])[0] != MIXTRAL or "aux_loss_coef" in model:
+        return {}
+    if config.get("output_router_logits"):
+        raise _refused(
+            f"{where}: output_router_logits true adds transformers' load-balancing loss "
+            f"(router_aux_loss_coef {config.get('router_aux_loss_coef', 0.001)} times one loss "
+            "over the whole batch and every layer), which meshkeeper does not compute; give "
+            "model.aux_loss_coef: 0 to train without a balance loss (transformers' training "
+            "with output_router_logits false), or a coefficient for meshkeeper's own (Switch's "
+            "per sequence and layer, docs/models.md)"
+        )
+    return {"aux_loss_coef": 0.0}
 
 
 def _refused(message: str) -> SpecError:

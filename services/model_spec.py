@@ -151,7 +151,9 @@ class ModelSpec(Strict):
         ge=0,
         le=10,
         description="Weight of the load-balancing loss (Switch's, computed per sequence) in the "
-        "training objective; 0 turns it off. The reported loss is the cross-entropy alone.",
+        "training objective; 0 turns it off. The reported loss is the cross-entropy alone. "
+        "With model.hf of a Mixtral, unset means 0 (what transformers trains with "
+        "output_router_logits false; with it true the spec must set this: docs/models.md).",
     )
 
     @model_validator(mode="before")

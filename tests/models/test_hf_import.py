@@ -1,17 +1,22 @@
 """A Hugging Face checkpoint imported with `model.hf` computes what `transformers` computes:
 meshkeeper's step-1 loss equals `transformers`' loss on the same tokens within rtol 1e-5
-(fp32), in one process and at dp2 x pp2 x tp2 (dp2 alone for a tied head, which needs tp 1
-and pp 1), for Llama 3 with rope scaling, Mistral, Qwen2 with biases and a tied head, and
-Qwen3 with q/k norms, all with grouped-query attention."""
+(fp32), in one process and at a parallel layout, for Llama 3 with rope scaling, Mistral,
+Qwen2 with biases and a tied head (dp2: a tied head needs tp 1 and pp 1), and Qwen3 with q/k
+norms at dp2 x pp2 x tp2, and Mixtral (in the hub's per-expert form and transformers 5's fused
+one) at dp2 x ep2 x pp2 x tp2 and at dp4 x ep2 (FSDP over each expert shard's replicas), all
+with grouped-query attention. The Mixtral oracle is sensitive to what a wrong mapping would
+change: experts in another order than the router's rows, or the router's weights not
+renormalised over the chosen experts, move transformers' own loss far beyond the tolerance."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from services.hf_config import with_hf_architecture
 from services.spec import parse_spec
 from tests.launch import train
-from tests.models.hf_fixtures import ARCHITECTURES, SEQ, hf_loss, save_checkpoint
+from tests.models.hf_fixtures import ARCHITECTURES, LAYOUTS, SEQ, cases, hf_loss, save_checkpoint
 from worker.trainer.data import Batches
 
 pytestmark = pytest.mark.slow
@@ -35,21 +40,58 @@ def job(directory, parallel: dict) -> dict:
     }
 
 
-def oracle(spec: dict, directory) -> float:
+def batch(spec: dict):
     s = parse_spec(with_hf_architecture(spec))
-    x, y = Batches(s.data, s.model, GLOBAL_BATCH, 1).local(0, 0)
-    return hf_loss(directory, x, y)
+    return Batches(s.data, s.model, GLOBAL_BATCH, 1).local(0, 0)
 
 
-LAYOUTS = {"one": {"dp": 1}, "dp2-pp2-tp2": {"dp": 2, "pp": 2, "tp": 2, "microbatches": 2}}
+def oracle(spec: dict, directory) -> float:
+    return hf_loss(directory, *batch(spec))
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("arch, layout", cases())
 def test_step_one_loss_equals_transformers(checkpoints, tmp_path, arch, layout):
-    parallel = LAYOUTS[layout]
-    if arch == "qwen2-tied" and layout != "one":
-        parallel = {"dp": 2}
-    spec = job(checkpoints[arch], parallel)
+    spec = job(checkpoints[arch], LAYOUTS[layout])
     (first,) = train(spec, tmp_path, timeout=300)
     assert first["loss"] == pytest.approx(oracle(spec, checkpoints[arch]), rel=1e-5)
+
+
+def test_a_wrong_expert_order_or_router_would_fail_the_mixtral_comparison(checkpoints):
+    import torch.nn.functional as F
+    import transformers
+    from transformers.models.mixtral import modeling_mixtral
+
+    directory = checkpoints["mixtral"]
+    x, y = batch(job(directory, {"dp": 1}))
+    right = hf_loss(directory, x, y)
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+
+    def loss() -> float:
+        with torch.no_grad():
+            return F.cross_entropy(model(x).logits.flatten(0, 1), y.flatten()).item()
+
+    with torch.no_grad():  # experts 0 and 1 swapped, the router's rows left as they were
+        for layer in model.model.layers:
+            for w in (layer.mlp.experts.gate_up_proj, layer.mlp.experts.down_proj):
+                w.copy_(w[[1, 0, 2, 3]])
+    swapped = loss()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for w in (layer.mlp.experts.gate_up_proj, layer.mlp.experts.down_proj):
+                w.copy_(w[[1, 0, 2, 3]])
+    assert loss() == pytest.approx(right, rel=1e-6)  # restored
+
+    route = modeling_mixtral.MixtralTopKRouter.forward
+
+    def unnormalised(self, hidden):  # the softmax over all experts, not over the chosen
+        logits = F.linear(hidden.reshape(-1, self.hidden_dim), self.weight)
+        top, chosen = logits.float().softmax(-1).topk(self.top_k, dim=-1)
+        return logits, top, chosen
+
+    modeling_mixtral.MixtralTopKRouter.forward = unnormalised
+    try:
+        unrenormalised = loss()
+    finally:
+        modeling_mixtral.MixtralTopKRouter.forward = route
+    for wrong in (swapped, unrenormalised):
+        assert abs(wrong - right) > 100 * 1e-5 * right, (wrong, right)

@@ -5,9 +5,10 @@ CHECKPOINT_DIR is one committed step directory, of any layout (DCP stores every 
 whole, whatever the mesh that saved it). The export
 1. verifies every file against the checkpoint's manifest (worker/ckpt_store.py), and reads
    the architecture from it (the trainer records `model` there);
-2. streams: each tensor is read alone from the DCP files, converted (`llama.to_hf`), cast,
-   and written straight into its place in a safetensors shard, whose header was written
-   first from the DCP metadata. Memory is bounded by the largest tensor, not the model;
+2. streams: each tensor is read alone from the DCP files, converted (`llama.to_hf`; a stack
+   of experts into one tensor per expert, `mixtral.to_hf`), cast, and written straight into
+   its place in a safetensors shard, whose header was written first from the DCP metadata.
+   Memory is bounded by the largest tensor, not the model;
 3. writes at most 5 GB per shard with `model.safetensors.index.json`, `config.json` (the
    source directory's where the job started from `model.hf`, else one made from the spec),
    `generation_config.json`, and the source directory's tokenizer files.
@@ -29,7 +30,7 @@ from torch.distributed.checkpoint import FileSystemReader
 
 from services.model_spec import ModelSpec
 from worker.ckpt_store import MANIFEST, Committed, DamagedCheckpoint, check_files
-from worker.hf import llama
+from worker.hf import llama, mixtral
 from worker.hf.weights import INDEX, expected
 
 SHARD_BYTES = 5 * 10**9
@@ -105,40 +106,49 @@ def export(step_dir: Path, out: Path, dtype: str | None, say=print) -> dict:
     ckpt, cfg = committed(step_dir)
     md = FileSystemReader(str(step_dir)).read_metadata().state_dict_metadata
     stored = {k.removeprefix("model."): v for k, v in md.items() if k.startswith("model.")}
-    want = {name: key for key, (name, _) in expected(cfg).items()}
-    missing = sorted(want.keys() - stored.keys())
+    # HF key -> (meshkeeper name, shape), in parameter order: a stacked experts weight gives
+    # one key per expert (Mixtral's hub form, worker/hf/mixtral.py), consecutively
+    want = expected(cfg)
+    missing = sorted({name for name, _ in want.values()} - stored.keys())
     if missing:
         raise ExportError(f"{step_dir}: the checkpoint lacks {', '.join(missing[:5])}")
+    if cfg.experts and cfg.capacity_factor:
+        say(
+            f"export: note: model.capacity_factor is {cfg.capacity_factor}; transformers' "
+            "Mixtral routes every choice (dropless), so it computes what this model computed "
+            "only where no choice was dropped"
+        )
     cast = DTYPES[dtype] if dtype else None
     plan = {}
-    for name in want:
+    for key, (name, shape) in want.items():
         src = stored[name].properties.dtype
         to = cast or src
         if to not in SAFETENSORS_DTYPE:
             raise ExportError(f"{name} is {src}; export with --dtype fp32 or bf16")
-        shape = list(stored[name].size)
-        plan[name] = (to, shape, torch.Size(shape).numel() * to.itemsize)
+        plan[key] = (to, shape, torch.Size(shape).numel() * to.itemsize)
     out.mkdir(parents=True, exist_ok=True)
-    shards = plan_shards({n: p[2] for n, p in plan.items()})
+    shards = plan_shards({k: p[2] for k, p in plan.items()})
     weight_map, total = {}, 0
-    for i, names in enumerate(shards, 1):
+    held: tuple[str, dict[str, torch.Tensor]] = ("", {})  # the last parameter read, converted
+    for i, keys in enumerate(shards, 1):
         file = (
             "model.safetensors"
             if len(shards) == 1
             else (f"model-{i:05d}-of-{len(shards):05d}.safetensors")
         )
-        entries = [(want[n], SAFETENSORS_DTYPE[plan[n][0]], plan[n][1], plan[n][2]) for n in names]
+        entries = [(k, SAFETENSORS_DTYPE[plan[k][0]], plan[k][1], plan[k][2]) for k in keys]
         with open(out / file, "wb") as f:
             f.write(_header(entries))
-            for n in names:
-                tensor = torch.empty(plan[n][1], dtype=stored[n].properties.dtype)
-                # no_dist: the export reads alone, also in a trainer whose peers have left
-                dcp.load({"model": {n: tensor}}, checkpoint_id=str(step_dir), no_dist=True)
-                data = llama.to_hf(n, tensor, cfg).to(plan[n][0]).contiguous()
+            for k in keys:
+                name = want[k][0]
+                if held[0] != name:
+                    held = ("", {})  # freed before the next one is read
+                    held = (name, _converted(step_dir, name, stored[name], cfg))
+                data = held[1][k].to(plan[k][0]).contiguous()
                 f.write(data.view(torch.uint8).numpy().tobytes())
-                weight_map[want[n]] = file
-                total += plan[n][2]
-        say(f"export: {file}: {len(names)} tensors, {sum(e[3] for e in entries) / 1e9:.2f} GB")
+                weight_map[k] = file
+                total += plan[k][2]
+        say(f"export: {file}: {len(keys)} tensors, {sum(e[3] for e in entries) / 1e9:.2f} GB")
     if len(shards) > 1:
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
@@ -149,6 +159,16 @@ def export(step_dir: Path, out: Path, dtype: str | None, say=print) -> dict:
         "shards": len(shards),
         "seconds": round(time.monotonic() - t0, 1),
     }
+
+
+def _converted(step_dir: Path, name: str, meta, cfg: ModelSpec) -> dict[str, torch.Tensor]:
+    """HF key -> tensor of meshkeeper parameter `name`, read alone from the DCP files."""
+    tensor = torch.empty(list(meta.size), dtype=meta.properties.dtype)
+    # no_dist: the export reads alone, also in a trainer whose peers have left
+    dcp.load({"model": {name: tensor}}, checkpoint_id=str(step_dir), no_dist=True)
+    if mixtral.owns(name):
+        return mixtral.to_hf(name, tensor)
+    return {llama.hf_name(name): llama.to_hf(name, tensor, cfg)}
 
 
 def export_in_place(step_dir: Path, out: Path, say=print) -> dict:
@@ -213,6 +233,8 @@ def hf_config(cfg: ModelSpec) -> dict:
         "attention_bias": False,
         "mlp_bias": False,
     }
+    if cfg.experts:
+        config.update(mixtral.architecture_fields(cfg))
     return config
 
 

@@ -101,7 +101,10 @@ def _per_head(rows: torch.Tensor, head_dim: int, split: tuple[int, int]) -> torc
 
 def architecture_name(cfg: ModelSpec) -> str:
     """The `architectures` entry of an export's config.json, from the fields that tell the
-    families apart (a checkpoint imported from a Mistral directory keeps that directory's)."""
+    families apart (a checkpoint imported from a Mistral directory keeps that directory's).
+    A mixture of experts is Mixtral's (worker/hf/mixtral.py maps its router and experts)."""
+    if cfg.experts:
+        return "MixtralForCausalLM"
     if cfg.qk_norm:
         return "Qwen3ForCausalLM"
     if cfg.qkv_bias:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +43,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPO
 from torch.distributed.tensor import DTensor
 
 from services.model_spec import ModelSpec
-from worker.hf import llama
+from worker.hf import llama, mixtral
 from worker.trainer.init_rng import _held
 from worker.trainer.model import Transformer
 from worker.trainer.shards import local_shard
@@ -132,17 +133,25 @@ class Imported:
         return max(self.read.values(), default=0)
 
 
-def expected(cfg: ModelSpec) -> dict[str, tuple[str, list[int]]]:
-    """Hugging Face key -> (meshkeeper name, shape) of every parameter of the whole model."""
+def expected(cfg: ModelSpec, form: str = mixtral.HUB) -> dict[str, tuple[str, list[int]]]:
+    """Hugging Face key -> (meshkeeper name, the key's shape) of every tensor of the whole
+    model, in parameter order; a mixture of experts' in Mixtral's `form` (worker/hf/mixtral.py:
+    one parameter may come from many keys, one key may feed two parameters)."""
     with torch.device("meta"):
         model = Transformer(cfg)
-    return {llama.hf_name(n): (n, list(p.shape)) for n, p in model.named_parameters()}
+    out: dict[str, tuple[str, list[int]]] = {}
+    for n, p in model.named_parameters():
+        if mixtral.owns(n):
+            out.update(mixtral.hf_keys(n, list(p.shape), form))
+        else:
+            out[llama.hf_name(n)] = (n, list(p.shape))
+    return out
 
 
 def verify(weights: SafetensorsDir, cfg: ModelSpec) -> None:
     """WeightsError naming the first problems: a tensor missing, of another shape, not a
     floating-point tensor, or one the architecture has no place for."""
-    want = expected(cfg)
+    want = expected(cfg, mixtral.form(weights.files))
     have = {k for k in weights.files if not llama.IGNORED_HF.search(k)}
     if cfg.tie_embeddings:
         have.discard("lm_head.weight")  # some tied checkpoints store the shared tensor twice
@@ -219,10 +228,17 @@ def load_into(parts: list[nn.Module], cfg: ModelSpec, directory: str | Path) -> 
     first), and the RoPE tables; what was read, per tensor."""
     weights = SafetensorsDir(directory)
     verify(weights, cfg)
+    form = mixtral.form(weights.files)
     imported = Imported()
     for part in parts:
         for name, p in part.named_parameters():
             name = name.replace(_CHECKPOINT_PREFIX, "")  # the unwrapped model's name
+            if mixtral.owns(name):  # a router or experts: worker/hf/mixtral.py reads them
+                for key, n in mixtral.load(weights, name, p, form).items():
+                    shape, dtype = weights.header(key)
+                    imported.whole[key] = math.prod(shape) * ITEM_BYTES[dtype]
+                    imported.read[key] = imported.read.get(key, 0) + n
+                continue
             key = llama.hf_name(name)
             imported.whole[key] = p.numel() * ITEM_BYTES[weights.header(key)[1]]
             imported.read[key] = _load(weights, key, name, p, cfg)
