@@ -104,3 +104,58 @@ def hf_loss(directory: Path, x: torch.Tensor, y: torch.Tensor) -> float:
     with torch.no_grad():
         logits = model(x).logits
     return F.cross_entropy(logits.flatten(0, 1), y.flatten()).item()
+
+
+def hf_job(name: str, directory: Path, parallel: dict, global_batch: int = 8) -> dict:
+    """A one-step job that imports `directory`, at `parallel`."""
+    return {
+        "name": name,
+        "model": {"hf": str(directory), "seq_len": SEQ},
+        "data": {"source": "synthetic", "seed": 7},
+        "parallel": parallel,
+        "train": {"steps": 1, "global_batch": global_batch, "lr": 1e-3, "warmup_steps": 1},
+    }
+
+
+def each_import(name: str, directories: dict[str, str], layouts: dict[str, tuple[str, dict]]):
+    """Rank side of a shard test (a `tests.launch.rank_scenarios` child): for each scenario of
+    `layouts` (name -> (checkpoint, parallel)), this rank's trainer with that checkpoint
+    imported. Yields (scenario, rank, spec, the full tensors by key, the parameters as
+    (unwrapped name, parameter, its local tensor), what `load_into` read)."""
+    from safetensors.torch import load_file
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
+    from torch.distributed.tensor import DTensor
+
+    from services.hf_config import with_hf_architecture
+    from services.spec import parse_spec
+    from worker.hf.weights import load_into
+    from worker.trainer.distributed import init_distributed, shutdown_distributed
+    from worker.trainer.parallel import ParallelDims, RankContext
+    from worker.trainer.step import Trainer
+
+    torch.set_num_threads(1)
+    rank, _, device = init_distributed(timeout_s=60)
+    try:
+        for scenario, (checkpoint, parallel) in layouts.items():
+            directory = directories[checkpoint]
+            spec = parse_spec(with_hf_architecture(hf_job(name, Path(directory), parallel)))
+            full = {}
+            for f in sorted(Path(directory).glob("*.safetensors")):
+                full.update(load_file(str(f)))
+            dims = ParallelDims(spec.parallel, device.type)
+            trainer = Trainer(
+                spec, RankContext(dims, dims.build_mesh(), rank, device), weights=False
+            )
+            imported = load_into(trainer.parts, spec.model, directory)
+            params = [
+                (
+                    n.replace(_CHECKPOINT_PREFIX, ""),
+                    p,
+                    p.to_local() if isinstance(p, DTensor) else p,
+                )
+                for part in trainer.parts
+                for n, p in part.named_parameters()
+            ]
+            yield scenario, rank, spec, full, params, imported
+    finally:
+        shutdown_distributed()

@@ -24,15 +24,12 @@ from __future__ import annotations
 import json
 import re
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from services.hf_config import with_hf_architecture
-from services.spec import parse_spec
 from tests.launch import rank_scenarios
-from tests.models.hf_fixtures import SEQ, save_checkpoint
+from tests.models.hf_fixtures import each_import, save_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -43,16 +40,6 @@ LAYOUTS = {  # name: (checkpoint, parallel)
     "dp2-ep2-tp2-fused": ("mixtral-fused", {"dp": 2, "ep": 2, "tp": 2}),
 }
 _EXPERT_KEY = re.compile(r"^model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.")
-
-
-def job(directory: Path, parallel: dict) -> dict:
-    return {
-        "name": "hf-mixtral-shards",
-        "model": {"hf": str(directory), "seq_len": SEQ},
-        "data": {"source": "synthetic", "seed": 7},
-        "parallel": parallel,
-        "train": {"steps": 1, "global_batch": 8},
-    }
 
 
 @pytest.fixture(scope="module")
@@ -151,56 +138,33 @@ def stacked(name: str, full: dict[str, torch.Tensor], hidden: int) -> torch.Tens
 
 
 def _main(directories: dict[str, str]) -> None:
-    from safetensors.torch import load_file
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
-    from torch.distributed.tensor import DTensor
-
     from worker.hf import llama, mixtral
-    from worker.hf.weights import load_into
-    from worker.trainer.distributed import init_distributed, shutdown_distributed
     from worker.trainer.init_rng import _held
-    from worker.trainer.parallel import ParallelDims, RankContext
     from worker.trainer.shards import local_shard
-    from worker.trainer.step import Trainer
 
-    torch.set_num_threads(1)
-    rank, _, device = init_distributed(timeout_s=60)
-    try:
-        for name, (checkpoint, parallel) in LAYOUTS.items():
-            directory = directories[checkpoint]
-            spec = parse_spec(with_hf_architecture(job(Path(directory), parallel)))
-            full = load_file(str(Path(directory) / "model.safetensors"))
-            dims = ParallelDims(spec.parallel, device.type)
-            ctx = RankContext(dims, dims.build_mesh(), rank, device)
-            trainer = Trainer(spec, ctx, weights=False)
-            imported = load_into(trainer.parts, spec.model, directory)
-            differing, held, experts_sharded = [], None, False
-            for part in trainer.parts:
-                for pname, p in part.named_parameters():
-                    pname = pname.replace(_CHECKPOINT_PREFIX, "")
-                    local = p.to_local() if isinstance(p, DTensor) else p
-                    if mixtral.owns(pname):
-                        whole = stacked(pname, full, spec.model.ffn)
-                        if pname.endswith("experts.w_gate"):
-                            held = _held(p, 0).tolist()
-                            experts_sharded = experts_sharded or local.shape != p.shape
-                    else:
-                        key = llama.hf_name(pname)
-                        whole = llama.from_hf(pname, full[key].float(), spec.model)
-                    if not torch.equal(local.detach(), local_shard(whole, p)):
-                        differing.append(pname)
-            line = {
-                "scenario": name,
-                "rank": rank,
-                "differing": differing,
-                "experts_sharded": experts_sharded,
-                "held": held,
-                "read": imported.read,
-                "whole": imported.whole,
-            }
-            print(json.dumps(line), flush=True)
-    finally:
-        shutdown_distributed()
+    shards = each_import("hf-mixtral-shards", directories, LAYOUTS)
+    for name, rank, spec, full, params, imported in shards:
+        differing, held, experts_sharded = [], None, False
+        for pname, p, local in params:
+            if mixtral.owns(pname):
+                whole = stacked(pname, full, spec.model.ffn)
+                if pname.endswith("experts.w_gate"):
+                    held = _held(p, 0).tolist()
+                    experts_sharded = experts_sharded or local.shape != p.shape
+            else:
+                whole = llama.from_hf(pname, full[llama.hf_name(pname)].float(), spec.model)
+            if not torch.equal(local.detach(), local_shard(whole, p)):
+                differing.append(pname)
+        line = {
+            "scenario": name,
+            "rank": rank,
+            "differing": differing,
+            "experts_sharded": experts_sharded,
+            "held": held,
+            "read": imported.read,
+            "whole": imported.whole,
+        }
+        print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import torch
 from services.hf_config import with_hf_architecture
 from services.spec import parse_spec
 from tests.launch import rank_scenarios, train
-from tests.models.hf_fixtures import COMMON, SEQ, hf_loss, save_checkpoint
+from tests.models.hf_fixtures import COMMON, each_import, hf_job, hf_loss, save_checkpoint
 from worker.trainer.data import Batches
 
 pytestmark = pytest.mark.slow
@@ -73,13 +73,7 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 
 def job(directory: Path, parallel: dict) -> dict:
-    return {
-        "name": "hf-slices",
-        "model": {"hf": str(directory), "seq_len": SEQ},
-        "data": {"source": "synthetic", "seed": 7},
-        "parallel": parallel,
-        "train": {"steps": 1, "global_batch": GLOBAL_BATCH, "lr": 1e-3, "warmup_steps": 1},
-    }
+    return hf_job("hf-slices", directory, parallel, GLOBAL_BATCH)
 
 
 @pytest.fixture(scope="module")
@@ -146,58 +140,35 @@ def test_step_one_loss_equals_transformers(checkpoints, tmp_path, arch, parallel
 
 # -- the rank side -----------------------------------------------------------------------
 def _main(directories: dict[str, str]) -> None:
-    from safetensors.torch import load_file
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
     from torch.distributed.tensor import DTensor
 
     from worker.hf import llama
-    from worker.hf.weights import load_into
-    from worker.trainer.distributed import init_distributed, shutdown_distributed
-    from worker.trainer.parallel import ParallelDims, RankContext
     from worker.trainer.shards import local_shard
-    from worker.trainer.step import Trainer
 
-    torch.set_num_threads(1)
-    rank, _, device = init_distributed(timeout_s=60)
-    try:
-        for name, (checkpoint, parallel) in LAYOUTS.items():
-            directory = directories[checkpoint]
-            spec = parse_spec(with_hf_architecture(job(Path(directory), parallel)))
-            full = {}
-            for f in sorted(Path(directory).glob("*.safetensors")):
-                full.update(load_file(str(f)))
-            dims = ParallelDims(spec.parallel, device.type)
-            ctx = RankContext(dims, dims.build_mesh(), rank, device)
-            trainer = Trainer(spec, ctx, weights=False)
-            imported = load_into(trainer.parts, spec.model, directory)
-            differing, sharded, local_bytes, tp_split = [], False, {}, []
-            for part in trainer.parts:
-                for pname, p in part.named_parameters():
-                    pname = pname.replace(_CHECKPOINT_PREFIX, "")
-                    key = llama.hf_name(pname)
-                    local = p.to_local() if isinstance(p, DTensor) else p
-                    sharded = sharded or local.shape != p.shape
-                    local_bytes[key] = local.numel() * full[key].element_size()
-                    whole = llama.from_hf(pname, full[key].float(), spec.model)
-                    if not torch.equal(local.detach(), local_shard(whole, p)):
-                        differing.append(pname)
-                    if isinstance(p, DTensor) and "tp" in (p.device_mesh.mesh_dim_names or ()):
-                        tp = p.device_mesh.mesh_dim_names.index("tp")
-                        if p.placements[tp].is_shard():
-                            tp_split.append(key)
-            line = {
-                "scenario": name,
-                "rank": rank,
-                "differing": differing,
-                "sharded": sharded,
-                "read": imported.read,
-                "whole": imported.whole,
-                "local": local_bytes,
-                "tp_split": tp_split,
-            }
-            print(json.dumps(line), flush=True)
-    finally:
-        shutdown_distributed()
+    for name, rank, spec, full, params, imported in each_import("hf-slices", directories, LAYOUTS):
+        differing, sharded, local_bytes, tp_split = [], False, {}, []
+        for pname, p, local in params:
+            key = llama.hf_name(pname)
+            sharded = sharded or local.shape != p.shape
+            local_bytes[key] = local.numel() * full[key].element_size()
+            whole = llama.from_hf(pname, full[key].float(), spec.model)
+            if not torch.equal(local.detach(), local_shard(whole, p)):
+                differing.append(pname)
+            if isinstance(p, DTensor) and "tp" in (p.device_mesh.mesh_dim_names or ()):
+                tp = p.device_mesh.mesh_dim_names.index("tp")
+                if p.placements[tp].is_shard():
+                    tp_split.append(key)
+        line = {
+            "scenario": name,
+            "rank": rank,
+            "differing": differing,
+            "sharded": sharded,
+            "read": imported.read,
+            "whole": imported.whole,
+            "local": local_bytes,
+            "tp_split": tp_split,
+        }
+        print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":
