@@ -85,6 +85,7 @@ def test_up_generates_its_secrets_private_and_consistent(local):
     assert set(files) == {
         "api-token",
         "viewer-token",
+        "submitter-token",
         "scrape-token",
         "join-token",
         "redis-admin-password",
@@ -98,6 +99,7 @@ def test_up_generates_its_secrets_private_and_consistent(local):
     assert {(t.name, t.role) for t in auth.tokens} == {
         ("admin", "admin"),
         ("viewer", "viewer"),
+        ("submitter", "submitter"),
         ("prometheus", "scrape"),
     }
     assert auth.join_sha256 and local.secrets.join_token not in files["auth.json"].read_text()

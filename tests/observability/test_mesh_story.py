@@ -59,7 +59,12 @@ FOLDED = ("TrainerStarted", "TrainerStopped", "TrainerExited")
 def test_the_page_keeps_a_killed_cell_in_place_folds_events_and_labels_marks(
     obs, browser, tmp_path
 ):
-    spec = mesh_spec("obs-story", steps=25, parallel=DP_TP, spares=0)
+    # paced: the job must still be training when the killed worker's agent is back, for the
+    # grow-back (on a loaded CI host 20 unpaced steps took 6 s, less than an agent's restart)
+    spec = {
+        **mesh_spec("obs-story", steps=25, parallel=DP_TP, spares=0),
+        "chaos": {"min_step_s": 0.4},
+    }
     with pool_cut_to(obs, 4):
         w, j1 = start(obs, spec)
         job = j1.id
@@ -94,6 +99,7 @@ def test_the_page_keeps_a_killed_cell_in_place_folds_events_and_labels_marks(
         story = wait_until(trained_shrunk, 120, "the page to draw the shrunk job training")
         browser.save_screenshot(str(tmp_path / "story-shrunk.png"))
         shrunk = obs.client.job(job)
+        obs.restart_agent(victim.worker)  # at once: what follows judges what was recorded
         rec = shrunk.recoveries[0]
         assert (rec.cause, rec.action, rec.to_shape) == ("WorkerDead", "shrink", [1, 1, 2]), rec
         assert rec.faults[0].coord == {"dp": 0, "pp": 0, "tp": 1}, rec.faults
@@ -132,8 +138,6 @@ def test_the_page_keeps_a_killed_cell_in_place_folds_events_and_labels_marks(
         assert [(r["dp"], r["title"].split(" ·")[0]) for r in after["replicas"]] == [("1", "dp 1")]
         assert {c["worker"] for c in after["replicas"][0]["cells"]} == survivors
         assert not any(dead_cell(s) for s in story[trained:]), "the dead cell outlived recovery"
-
-        obs.restart_agent(victim.worker)
         j = w.finish(400)
     assert j.phase == "Succeeded", j.conditions
     assert [(r.cause, r.action) for r in j.recoveries] == [
