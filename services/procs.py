@@ -36,6 +36,17 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int = 0) -> None:
         os._exit(1)
 
 
+def write_output_to(path: str) -> None:
+    """This process's stdout and stderr from now on: appended to `path` (what Python has
+    buffered goes to the old place first)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def fork_call(fn: Callable[[], int | None]) -> int:
     """Fork; the child runs `fn` and exits with what an interpreter running it would: its
     return value (None: 0), a `sys.exit` code, or 1 after printing any other exception's

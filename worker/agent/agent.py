@@ -52,10 +52,15 @@ from worker.agent.run_dirs import prune_run_dirs
 from worker.agent.zygote import MEMORY_GROUP_ENV
 from worker.ckpt_store import Pointer, remove_checkpoints
 from worker.devices import device_indices
+from worker.handoff_order import Order
 from worker.snapshots import SnapshotPlan, prune_generations, remove_tree
 
 log = logging.getLogger("meshkeeper.agent")
 REREAD_S = 5.0  # safety net for lost pub/sub messages
+# A kept trainer begins the order it was handed within this, or starts afresh: its watcher
+# sees the order within 10 ms and aborts its collectives, so only a process that cannot get
+# back to Python (spinning in native code) needs it
+HANDOVER_S = 10.0
 LOG_BACKLOG = 20_000  # trainer output lines held for Redis while it is away
 
 
@@ -127,6 +132,8 @@ class Agent:
         self.cfg, self.store, self.metrics = cfg, store, metrics
         self._rejoin = rejoin
         self.run: Run | None = None
+        # the superseded generation's trainers that may take the next one in place, by rank
+        self._kept: dict[int, RankProcess] = {}
         self.state = "idle"
         self.launcher = Launcher(cfg.run_dir, cfg.warm, self._child_env())
         self.heartbeat = Heartbeat(store, cfg.wid, self.heartbeat_interval, self.serving)
@@ -285,9 +292,11 @@ class Agent:
         run = self.run
         if run and (run.job, run.generation) != want:
             why = "withdrawn" if want is None else f"superseded by {want[0]} generation {want[1]}"
-            self._end_run(f"assignment {why}")
+            later = want is not None and want[0] == run.job and want[1] > run.generation
+            self._end_run(f"assignment {why}", keep=later)
         if want and self.run is None:
             self._begin_run(*want, pointer.get("role", "rank"))
+        self._stop_kept()  # those the new generation did not take
         if self.run and pointer.get("drain_step"):
             self._drain(self.run, int(pointer["drain_step"]))
         self._set_state("busy" if self.run else "idle")
@@ -390,30 +399,125 @@ class Agent:
                 str(run.checkpoints / "tensorboard"),
                 "--drain-file",
                 str(run.drain),
+                # per rank slot, not per generation: a kept process watches it across them
+                "--handoff",
+                str(d.parent / f"rank{e.rank}.handoff.json"),
             ] + (["--snapshot-plan", str(snapshots)] if snapshots else [])
             metrics, log_path = d / f"metrics-{e.rank}.jsonl", d / f"rank{e.rank}.log"
             watch = memory[e.rank]
             if watch.pinned:
                 env[MEMORY_GROUP_ENV] = str(watch.group)
-            proc = self.launcher.launch(argv, env, log_path, before=watch.baseline)
+            old = self._kept.pop(e.rank, None)
+            handed = None
+            if old is not None and not watch.pinned and old.env["LOCAL_RANK"] == env["LOCAL_RANK"]:
+                proc, watch = self._hand_over(old, generation, argv, env, log_path), old.memory
+                handed = time.monotonic()
+            else:
+                if old is not None:
+                    self._kept[e.rank] = old  # stopped below, with the others not taken
+                proc = self.launcher.launch(argv, env, log_path, before=watch.baseline)
             run.ranks[e.rank] = RankProcess(
-                e.rank, proc, metrics, log_path, RankProgress(self._now(), window), memory=watch
+                e.rank,
+                proc,
+                metrics,
+                log_path,
+                RankProgress(self._now(), window),
+                memory=watch,
+                argv=argv,
+                env=env,
+                handed_at=handed,
             )
         self.run, self._dirty = run, True
-        pids = {r: p.proc.pid for r, p in run.ranks.items()}
+        self._started(run, asg)
+
+    def _started(self, run: Run, asg: Assignment) -> None:
+        pids = {r: p.proc.pid for r, p in run.ranks.items() if p.handed_at is None}
+        kept = {r: p.proc.pid for r, p in run.ranks.items() if p.handed_at is not None}
         log.info(
-            "job %s generation %d: started ranks %s (pids %s), rendezvous %s:%d",
-            job,
-            generation,
+            "job %s generation %d: started ranks %s (pids %s), kept ranks %s (pids %s), "
+            "rendezvous %s:%d",
+            run.job,
+            run.generation,
             sorted(pids),
             sorted(pids.values()),
+            sorted(kept),
+            sorted(kept.values()),
             asg.master_addr,
             asg.master_port,
         )
-        self._event(
-            "TrainerStarted",
-            f"worker {self.cfg.wid} started ranks {sorted(pids)} (pids {sorted(pids.values())})",
+        if pids:
+            self._event(
+                "TrainerStarted",
+                f"worker {self.cfg.wid} started ranks {sorted(pids)} "
+                f"(pids {sorted(pids.values())})",
+            )
+        if kept:
+            self._event(
+                "TrainerKept",
+                f"worker {self.cfg.wid} kept ranks {sorted(kept)} in their processes (pids "
+                f"{sorted(kept.values())}): each restores from its own snapshot in place",
+            )
+
+    def _hand_over(
+        self, old: RankProcess, generation: int, argv: list[str], env: dict[str, str], log: Path
+    ):
+        """Give a kept trainer this generation's order (worker/trainer/handoff.py); its
+        process, now this generation's."""
+        Order(generation, argv, env, str(log)).write(Path(argv[argv.index("--handoff") + 1]))
+        old.forget()
+        return old.proc
+
+    def _stop_kept(self) -> None:
+        """Stop the kept trainers no generation took (the assignment moved elsewhere, or the
+        new generation's slots differ): as `_end_run` would have."""
+        kept, self._kept = list(self._kept.values()), {}
+        if not kept:
+            return
+        stop_all([p.proc for p in kept], self.cfg.stop_grace_s)
+        for p in kept:
+            p.ended(p.proc.returncode, "stopped")
+            p.memory.release()
+        log.info(
+            "stopped ranks %s, which the new assignment did not keep", sorted(p.rank for p in kept)
         )
+
+    def _take_over_late(self, run: Run) -> None:
+        """A kept trainer that did not begin its order in time, or exited instead: start its
+        rank afresh, as if it had not been kept (the order is the same generation's)."""
+        for r, p in list(run.ranks.items()):
+            if p.handed_at is None:
+                continue
+            if p.metrics.exists():  # its first line: the order was taken
+                p.handed_at = None
+                continue
+            code = p.proc.poll()
+            if code is None and time.monotonic() - p.handed_at < HANDOVER_S:
+                continue
+            stop_all([p.proc], self.cfg.stop_grace_s)
+            why = (
+                f"exited with code {code}"
+                if code is not None
+                else f"did not within {HANDOVER_S:.0f}s"
+            )
+            self._event(
+                "TrainerNotKept",
+                f"rank {r} (pid {p.proc.pid}) on worker {self.cfg.wid} was handed generation "
+                f"{run.generation} in place and {why}; started afresh",
+                warning=True,
+            )
+            p.forget()
+            proc = self.launcher.launch(p.argv, p.env, p.log, before=p.memory.baseline)
+            run.ranks[r] = RankProcess(
+                r,
+                proc,
+                p.metrics,
+                p.log,
+                RankProgress(self._now(), p.progress.window),
+                memory=p.memory,
+                argv=p.argv,
+                env=p.env,
+            )
+            self._dirty = True
 
     def _snapshot_plan(
         self, job: str, generation: int, asg: Assignment, spec: dict, d: Path
@@ -497,19 +601,25 @@ class Agent:
         )
         return True
 
-    def _end_run(self, why: str) -> None:
+    def _end_run(self, why: str, keep: bool = False) -> None:
+        """Stop the run's trainers; with `keep` (the job's next generation follows) those
+        that can take it in place are kept for `_begin_run` instead."""
         run, t0 = self.run, time.monotonic()
-        live = [p for p in run.ranks.values() if p.exit_code is None]
+        kept = {r: p for r, p in run.ranks.items() if keep and p.keepable()}
+        live = [p for p in run.ranks.values() if p.exit_code is None and p.rank not in kept]
         stuck = stop_all(
             [p.proc for p in live], self.cfg.stop_grace_s
         )  # bounded: D state ignores SIGKILL
         for p in live:
             p.ended(p.proc.returncode, "stopped")
-            # what it wrote since the last tick, its last words included, is shipped with the
-            # stop below: on Kubernetes a replaced pod's run dir goes with it
+        # what each wrote since the last tick, a stopped one's last words included, is shipped
+        # with the stop below: on Kubernetes a replaced pod's run dir goes with it
+        for p in [*live, *kept.values()]:
             self._echo(run, p)
         for p in run.ranks.values():
-            p.memory.release()
+            if p.rank not in kept:
+                p.memory.release()
+        self._kept = kept
         for p in (p for p in live if p.proc in stuck):
             self._event(
                 "TrainerUnkillable",
@@ -543,6 +653,7 @@ class Agent:
         run = self.run
         if run is None:
             return
+        self._take_over_late(run)
         for p in run.ranks.values():
             if p.exit_code is not None:
                 continue
@@ -706,6 +817,7 @@ class Agent:
     def _shutdown(self) -> None:
         if self.run is not None:
             self._end_run("agent stopping")
+        self._stop_kept()
         self.launcher.close()
         self.prober.close()
         self.heartbeat.stop()

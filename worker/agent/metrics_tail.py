@@ -28,6 +28,8 @@ class Milestone(Record):
     rendezvous_at: float | None = None
     ready_at: float | None = None
     start_step: int | None = None  # (ready) steps completed before this generation's first
+    # (started) the process takes its next generation in place (worker/trainer/handoff.py)
+    restartable: bool | None = None
 
 
 class Restored(Record):

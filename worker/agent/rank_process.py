@@ -56,6 +56,12 @@ class RankProcess:
     memory: MemoryWatch = field(default_factory=MemoryWatch)
     oom: dict[str, Any] | None = None  # set once, when the exit is classified as an OOM kill
     error: str | None = None  # a failed trainer's last words: the tail of its log
+    # how it was started, for a fresh start when a kept process does not take its order
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    # monotonic time its agent handed this generation's order to a kept process (worker/
+    # trainer/handoff.py); None once the trainer began it (its metrics file exists)
+    handed_at: float | None = None
     _echoed: int = 0  # bytes of the log already echoed (`new_log_lines`)
     _cpu: deque[tuple[float, float]] = field(default_factory=deque)  # (monotonic, cpu seconds)
 
@@ -75,6 +81,23 @@ class RankProcess:
         """A descriptor that turns readable when the trainer exits (its pidfd); None once
         its end was recorded."""
         return self._pidfd
+
+    def keepable(self) -> bool:
+        """Whether this process may take the next generation in place: running, said it can,
+        not stopped or stuck in the kernel, and in no memory group of its own (that group
+        was made for one generation's rank)."""
+        return (
+            self.exit_code is None
+            and self.progress.restartable
+            and self.proc_state not in FROZEN_PROC_STATES
+            and not self.memory.pinned
+        )
+
+    def forget(self) -> None:
+        """Hand the process over to the next generation's record: this one stops watching."""
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
 
     def read(self) -> list[TrainerLine]:
         """The trainer's new metrics lines."""

@@ -49,6 +49,7 @@ class RankProgress:
     start_step: int | None = None
     first_step_at: float | None = None
     progress_at: float = 0.0  # last time the trainer wrote anything
+    restartable: bool = False  # its process takes the next generation in place (handoff.py)
     restored_from: str | None = None  # memory | peer | disk
     snapshot_step: int | None = None  # newest complete own in-memory snapshot
     held_step: int | None = None  # newest step of which every ward's copy arrived here
@@ -73,6 +74,8 @@ class RankProgress:
                     setattr(self, key, t + offset)
             if line.start_step is not None:
                 self.start_step = line.start_step
+            if line.restartable is not None:
+                self.restartable = line.restartable
         elif isinstance(line, Restored):
             self.start_step, self.restored_from = line.step, line.source
         elif isinstance(line, SnapshotTaken):

@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from services.procs import die_with_parent, fork_call
+from services.procs import die_with_parent, fork_call, write_output_to
 
 # Set by the agent for a rank it limits (spec `chaos.memory_limit`): the memory cgroup the
 # trainer joins before it allocates anything of its own (worker/agent/memory_watch.py).
@@ -58,10 +58,7 @@ def become(order: dict) -> None:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    fd = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+    write_output_to(order["log"])
     os.environ.update(order["env"])
 
 

@@ -305,6 +305,14 @@ class Checkpointer:
         if self.mode == "async":
             self.stager.close()
 
+    def abandon(self) -> None:
+        """A failed generation's end in a process that goes on (handoff.py): no queued commit
+        starts. An upload or commit already running is not waited for (a large one takes
+        minutes): it writes only into this generation's directory, which nothing restores
+        from, since its `committed` line goes to a metrics file no agent reads any more."""
+        self.hashing.shutdown(wait=False, cancel_futures=True)
+        self.pending = None
+
     # -- restore -------------------------------------------------------------------------
     def restore(self) -> Committed | None:
         """Load the newest committed checkpoint that verifies; None when there is none.

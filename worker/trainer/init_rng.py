@@ -17,6 +17,7 @@ import math
 
 import torch
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from worker.trainer.shards import piece
 
@@ -54,7 +55,8 @@ def _held(p: torch.Tensor, dim: int) -> torch.Tensor:
         return torch.arange(n, device=p.device)
     splits = [1] * p.dim()
     for size, placement in zip(p.device_mesh.shape, p.placements, strict=True):
-        if placement.is_shard():
+        # torch 2.13's _StridedShard is no Shard (is_shard() is False) but splits its dim too
+        if placement.is_shard() or isinstance(placement, _StridedShard):
             splits[placement.dim] *= size
     shape = [n if d == dim else min(p.shape[d], splits[d] ** 2) for d in range(p.dim())]
     view = [n if d == dim else 1 for d in range(p.dim())]

@@ -17,7 +17,9 @@ back.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
+import gc
 import json
 import os
 import signal
@@ -30,9 +32,11 @@ import torch.distributed as dist
 
 from dataset.format import DatasetError, content_id, read_manifest
 from services.hang_bounds import collective_timeout_s
+from services.procs import write_output_to
 from services.records import EXIT_SUSPENDED
 from services.spec import JobSpec, SpecError, check_world_size, load_spec
 from worker.ckpt_store import CheckpointStore, DamagedCheckpoint, read_history
+from worker.handoff_order import Order
 from worker.hf.export import ExportError, export_in_place
 from worker.hf.weights import WeightsError
 from worker.mfu import default_peak_flops, device_peak_flops, flops_per_token, mfu
@@ -44,6 +48,7 @@ from worker.trainer.chaos import BitFlips, DeviceOoms, StepFloor
 from worker.trainer.checkpoint import Checkpointer, restored_line
 from worker.trainer.distributed import hold_timeouts, init_distributed, shutdown_distributed
 from worker.trainer.drain import Drain
+from worker.trainer.handoff import Handoff, abort_connections
 from worker.trainer.io_progress import IoProgress
 from worker.trainer.memory import return_freed_memory
 from worker.trainer.metrics_file import MetricsFile
@@ -103,6 +108,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--drain-file",
         help="file the agent writes a step number to when the job is suspended: the trainer "
         f"commits that step and exits {EXIT_SUSPENDED} (worker/trainer/drain.py)",
+    )
+    ap.add_argument(
+        "--handoff",
+        help="file the agent writes the next generation's order to, for this process to run "
+        "it in place instead of exiting (worker/trainer/handoff.py)",
     )
     ap.add_argument("--quiet", action="store_true", help="no per-step lines")
     return ap.parse_args(argv)
@@ -302,13 +312,15 @@ def data_stream(spec: JobSpec) -> DataStream:
     return DataStream(spec.data.seed, spec.train.global_batch, source)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, restartable: bool = False) -> int:
+    """One generation's training; `restartable`: this process takes its next generation's
+    order in place (worker/trainer/handoff.py), which its agent reads from `started`."""
     started_at = time.time()
     spec = load_spec(args.spec)
     metrics = MetricsFile(args.metrics_out, int(os.environ.get("RANK", 0)))
     # Milestones as they happen: the controller reads them as progress (a slow start is not
     # a hang) and turns them into a recovery's phase durations.
-    metrics.write({"event": "started", "started_at": started_at})
+    metrics.write({"event": "started", "started_at": started_at, "restartable": restartable})
     hang_after_s = spec.fault_tolerance.hang_after_s
     io = IoProgress(metrics.write, hang_after_s)
     return_freed_memory()  # before the first large tensor (memory.py)
@@ -318,6 +330,9 @@ def run(args: argparse.Namespace) -> int:
     rank, world, device = init_distributed(timeout_s=timeout_s)
     world_at = time.time()  # the store met and the world group formed (bench/recovery_scale.py)
     quiesce = True
+    # what a failed generation stops before this process takes the next (handoff.py): no
+    # thread of this one may still write a snapshot or a checkpoint while the next restores
+    unwind = contextlib.ExitStack()
     try:
         check_world_size(spec, world)
         dims = ParallelDims(spec.parallel, device.type)
@@ -348,6 +363,7 @@ def run(args: argparse.Namespace) -> int:
         stream = data_stream(spec)
         ckpt = make_checkpointer(args, spec, trainer, metrics, stream)
         if ckpt is not None:
+            unwind.callback(ckpt.abandon)
             check_shared(ckpt.store.dir)  # at start, never only at the first commit
         else:  # the agent always names a root: only a standalone run gets here
             say(
@@ -367,6 +383,8 @@ def run(args: argparse.Namespace) -> int:
             if plan
             else None
         )
+        if snaps:
+            unwind.callback(snaps.abandon)
         groups = {"world": dist.group.WORLD, **mesh_groups(ctx.mesh)}
         groups.update({"checkpoint": ckpt.group} if ckpt else {})
         groups.update({"snapshot": snaps.group} if snaps else {})
@@ -554,6 +572,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     except BaseException as e:
         quiesce = False  # failed on its own: the peers may never reach a barrier
+        if restartable:  # every collective of every thread fails now, so each can be joined
+            abort_connections()
+            unwind.close()
         if is_out_of_memory(e):
             raise explain(e, spec, device) from e
         raise
@@ -566,8 +587,24 @@ def main(argv: list[str] | None = None) -> int:
     # `kill -USR1 <trainer pid>` writes every thread's Python stack to the rank's log, where
     # `meshkeeper logs JOB --rank R` reads it: where a hung or slow rank is, without a debugger
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    while True:
+        outcome = attempt(args)
+        if isinstance(outcome, int):
+            return outcome
+        args = take_order(outcome, args.generation)
+
+
+def attempt(args: argparse.Namespace) -> int | Order:
+    """One generation in this process: its exit code, or the next generation's order when the
+    agent handed one over (worker/trainer/handoff.py)."""
+    handoff = None
     try:
-        return run(args)
+        if args.handoff and not torch.cuda.is_available():  # why not on CUDA: handoff.py
+            ft = load_spec(args.spec).fault_tolerance
+            # the order follows the controller's decision, which a dead worker's silence
+            # (dead_after_s) and a lost pub/sub message (the agent's 5 s re-read) can delay
+            handoff = Handoff(Path(args.handoff), args.generation, ft.dead_after_s + 10.0)
+        return run(args, restartable=handoff is not None)
     except (SpecError, DatasetError, StorageNotShared, WeightsError) as e:
         print(f"meshkeeper: {e}", file=sys.stderr)
         return 2
@@ -580,3 +617,31 @@ def main(argv: list[str] | None = None) -> int:
     except NonFiniteError as e:
         print(f"meshkeeper: training stopped: {e}", file=sys.stderr)
         return 3
+    except Exception as e:
+        order = handoff.after(e) if handoff else None
+        if order is None:
+            raise
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        print(
+            f"[meshkeeper] generation {args.generation} ended here ({first}); this process "
+            f"goes on as generation {order.generation}",
+            flush=True,
+        )
+        return order
+    finally:
+        if handoff:
+            handoff.close()
+
+
+def take_order(order: Order, was: int) -> argparse.Namespace:
+    """Become the order's rank: its log, its environment, its arguments. The last
+    generation's objects go first, so two models never share this host's memory."""
+    gc.collect()
+    write_output_to(order.log)
+    os.environ.update(order.env)
+    print(
+        f"[meshkeeper] trainer pid {os.getpid()} kept for rank {order.env.get('RANK')} "
+        f"(generation {was} -> {order.generation})",
+        flush=True,
+    )
+    return parse_args(order.argv)

@@ -454,6 +454,12 @@ class Snapshotter:
         self.thread.shutdown(wait=True)
         self.poll()
 
+    def abandon(self) -> None:
+        """A failed generation's end in a process that goes on (handoff.py): the copy or
+        exchange in flight ends (its collectives fail once the connections are shut), none
+        queued starts, and nothing is reported."""
+        self.thread.shutdown(wait=True, cancel_futures=True)
+
     def checked_slot(self) -> tuple[dict, torch.Tensor] | None:
         """This rank's newest checked snapshot (manifest, image), once no copy is running."""
         self.wait_copied()
