@@ -21,7 +21,10 @@ replacement from its buddy's copy) and redoes at most the one step in flight.
   that default instead.
 
 The headline, measured the same way for both arms from the trainers' own metrics files:
-kill -> the slowest rank's first completed step after the restart.
+kill -> the slowest rank's first completed step after the restart. Beside it, the healthy
+ranks' stall: kill -> each surviving rank's next finished step, the median over those ranks.
+meshkeeper keeps a surviving rank's process (worker/trainer/handoff.py: it restores from its
+own snapshot in place); torchrun restarts every rank.
 
 Goodput (useful step time / wall time, from submit to Succeeded) of one meshkeeper job with
 a rank killed every --every seconds, against the same job without failures.
@@ -132,19 +135,30 @@ def slowest_step(run_dir: Path, jid: str, generation: int, world: int) -> int:
     return min(per_rank) if len(per_rank) == world else -1
 
 
-def slowest_first_step(run_dir: Path, jid: str, generation: int, world: int) -> float | None:
+def first_steps(run_dir: Path, jid: str, generation: int, world: int) -> dict[int, float] | None:
+    """Each rank's first finished step in `generation` (None until every rank has one)."""
     files = list(run_dir.glob(f"workers/*/jobs/{jid}/g{generation}/metrics-*.jsonl"))
-    firsts = [next((r["time"] for r in read(f) if is_step(r)), None) for f in files]
-    if len(files) < world or None in firsts:
+    firsts = {
+        int(f.stem.rpartition("-")[2]): next((r["time"] for r in read(f) if is_step(r)), None)
+        for f in files
+    }
+    if len(files) < world or None in firsts.values():
         return None
-    return max(firsts)
+    return firsts
 
 
-def meshkeeper_arm(kills: int) -> tuple[list[float], list[dict]]:
-    """kill -> slowest rank's first step, per kill; and the job's recovery records."""
+def healthy_stall(firsts: dict[int, float], victim: int, t_kill: float) -> float:
+    """Kill -> each surviving rank's next finished step, the median over those ranks: how long
+    the ranks nothing happened to stood still."""
+    return median([t - t_kill for r, t in firsts.items() if r != victim])
+
+
+def meshkeeper_arm(kills: int) -> tuple[list[float], list[float], list[dict]]:
+    """kill -> slowest rank's first step, and the healthy ranks' stall, per kill; and the
+    job's recovery records."""
     at = kill_steps(kills)
     spec = workload(at[-1] + 2 * EVERY)
-    out = []
+    out, stalls = [], []
     with local_stack(3) as (stack, client):
         run_dir = stack.cfg.run_dir
         wait(lambda: warm_pools_ready(run_dir), 180, "warm trainers")
@@ -163,14 +177,16 @@ def meshkeeper_arm(kills: int) -> tuple[list[float], list[dict]]:
             victim = next(r for r in client.job(jid).mesh.ranks if r.rank == 1)
             t_kill = time.time()
             os.kill(victim.pid, signal.SIGKILL)
-            first = wait(
-                lambda gen=gen: slowest_first_step(run_dir, jid, gen + 1, 2),
+            firsts = wait(
+                lambda gen=gen: first_steps(run_dir, jid, gen + 1, 2),
                 300,
                 f"generation {gen + 1}'s first step",
             )
-            out.append(first - t_kill)
+            out.append(max(firsts.values()) - t_kill)
+            stalls.append(healthy_stall(firsts, 1, t_kill))
             print(
-                f"  meshkeeper kill {i + 1} at step {step}: first step after {out[-1]:.2f} s",
+                f"  meshkeeper kill {i + 1} at step {step}: first step after {out[-1]:.2f} s "
+                f"(healthy ranks stalled {stalls[-1]:.2f} s)",
                 flush=True,
             )
         j = wait(lambda: (j := client.job(jid)).phase in TERMINAL and j, 600, "the job to end")
@@ -180,12 +196,15 @@ def meshkeeper_arm(kills: int) -> tuple[list[float], list[dict]]:
                 f"{[c.message for c in j.conditions if c.status == 'True']}"
             )
         records = [r.model_dump() for r in j.recoveries]
+    # the survivor's agent keeps its process (worker/trainer/handoff.py): one event per kill
+    kept = sum(e.reason == "TrainerKept" for e in client.events(jid, limit=1000))
     unexpected = [r["cause"] for r in records if r["cause"] != "TrainerKilled"]
     if unexpected or len(records) != kills:
         raise SystemExit(
             f"expected {kills} TrainerKilled recoveries, got {[r['cause'] for r in records]}"
         )
-    return out, records
+    print(f"  meshkeeper kept the healthy rank's process in {kept} of {kills} recoveries")
+    return out, stalls, records
 
 
 # -- torchrun arm -------------------------------------------------------------------------
@@ -204,11 +223,12 @@ def rank_pids(launcher: int) -> dict[int, int]:
     return out
 
 
-def torchrun_arm(kills: int, shared_store: bool) -> tuple[list[float], list[int]]:
-    """kill -> slowest rank's first step, per kill; and the restart attempts each took."""
+def torchrun_arm(kills: int, shared_store: bool) -> tuple[list[float], list[float], list[int]]:
+    """kill -> slowest rank's first step, and the healthy rank's stall, per kill; and the
+    restart attempts each took."""
     at = kill_steps(kills)
     spec = workload(at[-1] + 2 * EVERY)
-    out, attempts = [], []
+    out, stalls, attempts = [], [], []
     with tempfile.TemporaryDirectory(prefix="mk-bench-torchrun-") as d:
         d = Path(d)
         # a restart may take more than one attempt (see below): room for three per kill
@@ -266,8 +286,10 @@ def torchrun_arm(kills: int, shared_store: bool) -> tuple[list[float], list[int]
                             f"torchrun exited ({proc.returncode}) after kill {i + 1}:\n"
                             + (d / "torchrun.log").read_text()[-3000:]
                         )
-                    firsts = [first_step_after_start(read(f), t_kill) for f in files]
-                    return None if None in firsts else max(firsts)
+                    firsts = {
+                        r: first_step_after_start(read(f), t_kill) for r, f in enumerate(files)
+                    }
+                    return None if None in firsts.values() else firsts
 
                 try:
                     first = wait(
@@ -285,7 +307,8 @@ def torchrun_arm(kills: int, shared_store: bool) -> tuple[list[float], list[int]
                     )
                     out.append(float("inf"))
                     break
-                out.append(first - t_kill)
+                out.append(max(first.values()) - t_kill)
+                stalls.append(healthy_stall(first, 1, t_kill))
                 since = t_kill
                 # attempts: trainer starts after the kill; with the shared store an attempt may
                 # die in connectFullMesh (the store still holds the last attempt's addresses)
@@ -309,7 +332,7 @@ def torchrun_arm(kills: int, shared_store: bool) -> tuple[list[float], list[int]
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             log.close()
-    return out, attempts
+    return out, stalls, attempts
 
 
 # -- goodput ------------------------------------------------------------------------------
@@ -376,8 +399,8 @@ def main() -> None:
         f"{os.cpu_count()} CPUs",
         flush=True,
     )
-    mk, records = meshkeeper_arm(args.kills)
-    tr, attempts = torchrun_arm(args.kills, args.torchrun_shared_store)
+    mk, mk_stalls, records = meshkeeper_arm(args.kills)
+    tr, tr_stalls, attempts = torchrun_arm(args.kills, args.torchrun_shared_store)
     print("\nmeshkeeper phases (recovery records; total = fault -> slowest rank's first step):")
     for k in PHASES:
         print("  " + summary(k[:-2], [r["durations"][k] for r in records]))
@@ -395,6 +418,10 @@ def main() -> None:
             f"  torchrun / meshkeeper: {median(done) / median(mk):.1f}x (median), "
             f"{percentile(done, 90) / percentile(mk, 90):.1f}x (p90)"
         )
+    print("\nkill -> each surviving rank's next finished step (median over the surviving ranks):")
+    print("  " + summary("meshkeeper", mk_stalls))
+    if tr_stalls:
+        print("  " + summary("torchrun", tr_stalls))
     if attempts:
         print(
             f"  torchrun restart attempts per kill: {attempts} (an attempt that fails in gloo's "
