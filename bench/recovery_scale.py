@@ -3,14 +3,15 @@
 Each size is a local stack of N + 1 agents (N ranks and one spare, one device each) training
 the `tiny` preset at dp = N, one thread per rank (gloo on this machine's cores). Rank 1's
 trainer is SIGKILLed a few steps past a checkpoint, `--kills` times; the spare takes its
-place, and every rank of the world starts a new process (docs/fault-tolerance.md, "How
-recovery grows"). Each phase is read from the new generation's milestones (every rank's
-metrics file; the slowest rank gates each one) and the job's recovery record:
+place in a new process, and every other rank takes the new generation in its own process
+(worker/trainer/handoff.py; docs/fault-tolerance.md, "How recovery grows"). Each phase is
+read from the new generation's milestones (every rank's metrics file; the slowest rank
+gates each one) and the job's recovery record:
 
 - detect: the kill -> the controller's fault record;
 - decide: -> the new generation's assignment;
 - launch: -> the last rank's trainer started (agents saw the assignment, forked a warm
-  trainer);
+  trainer for the spare, handed the others their order);
 - store+world: -> the last rank's world group formed (TCPStore rendezvous, gloo full mesh);
 - mesh groups: -> the last rank's DeviceMesh groups;
 - build+groups: -> the model built and the checkpoint and snapshot groups formed;
@@ -40,7 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.control_plane import local_stack, median, warm_ready  # noqa: E402
-from bench.recovery import TERMINAL, is_step, read, slowest_first_step, slowest_step, wait  # noqa: E402
+from bench.recovery import TERMINAL, first_steps, is_step, read, slowest_step, wait  # noqa: E402
 
 EVERY = 4  # checkpoint interval; each kill lands 2 steps past a checkpoint
 PHASES = (
@@ -136,7 +137,7 @@ def one_size(world: int, kills: int) -> list[dict[str, float]]:
             t_kill = time.time()
             os.kill(victim.pid, signal.SIGKILL)
             wait(
-                lambda gen=gen: slowest_first_step(run_dir, jid, gen + 1, world),
+                lambda gen=gen: first_steps(run_dir, jid, gen + 1, world),
                 900,
                 f"generation {gen + 1}'s first step",
             )
