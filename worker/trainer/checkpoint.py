@@ -132,6 +132,7 @@ class Checkpointer:
         report: Callable[[dict], None],
         history: list[Pointer] | None = None,
         write_delay_s: float = 0.0,
+        timeout_s: float = 1800.0,
     ):
         """One optimizer and LR scheduler per model part (they share one schedule, saved
         once). `history`: the committed pointers (newest first) handed down by the agent;
@@ -143,7 +144,8 @@ class Checkpointer:
         self.data, self.report, self.history = data, report, history
         self.write_delay_s = write_delay_s
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.group = dist.new_group(backend="gloo")  # saves never queue behind training collectives
+        self.timeout_s = timeout_s
+        self._group: dist.ProcessGroup | None = None  # `group`
         self.pending: Pending | None = None
         # One thread, first in first out: a rank's digests are written before its commit runs.
         self.hashing = ThreadPoolExecutor(1, thread_name_prefix="ckpt-hash")
@@ -151,6 +153,24 @@ class Checkpointer:
         self.last_committed: int | None = None
         if mode == "async":
             self.stager = DefaultStager(staging_options(device))
+
+    @property
+    def group(self) -> dist.ProcessGroup:
+        """The saves' and restores' own gloo group (saves never queue behind training
+        collectives), made at its first use: a recovery that restores from memory forms one
+        world-sized group fewer before its first step (issue 48). Every rank first gets here
+        at the same save or restore, after every other group is made, so the collective
+        creation lines up on all of them."""
+        if self._group is None:
+            self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout_s))
+            self.report({"event": "groups", "timeout_s": {"checkpoint": self.timeout_s}})
+        return self._group
+
+    def hold_timeout(self, timeout_s: float) -> None:
+        """The group's timeout from now on (the shorter one after the first step on CUDA)."""
+        self.timeout_s = timeout_s
+        if self._group is not None:
+            dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_s), self._group)
 
     # -- state ---------------------------------------------------------------------------
     def state_dict(self, step: int) -> dict:

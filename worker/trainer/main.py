@@ -126,7 +126,12 @@ def mesh_record(spec: JobSpec) -> dict[str, int]:
 
 
 def make_checkpointer(
-    args, spec: JobSpec, trainer: Trainer, metrics: MetricsFile, stream: DataStream
+    args,
+    spec: JobSpec,
+    trainer: Trainer,
+    metrics: MetricsFile,
+    stream: DataStream,
+    timeout_s: float,
 ) -> Checkpointer | None:
     root = args.checkpoint_root or spec.checkpoint.root
     if not root:
@@ -152,6 +157,7 @@ def make_checkpointer(
         report=metrics.write,
         history=history,
         write_delay_s=spec.chaos.save_delay_s if spec.chaos else 0.0,
+        timeout_s=timeout_s,
     )
 
 
@@ -361,7 +367,7 @@ def run(args: argparse.Namespace, restartable: bool = False) -> int:
             flush=True,
         )
         stream = data_stream(spec)
-        ckpt = make_checkpointer(args, spec, trainer, metrics, stream)
+        ckpt = make_checkpointer(args, spec, trainer, metrics, stream, timeout_s)
         if ckpt is not None:
             unwind.callback(ckpt.abandon)
             check_shared(ckpt.store.dir)  # at start, never only at the first commit
@@ -379,15 +385,23 @@ def run(args: argparse.Namespace, restartable: bool = False) -> int:
         )
         checks = ReplicaCheck.applies(spec)
         snaps = (
-            Snapshotter(plan, rank, device, metrics.write, trainer.parts, pin_checked=checks)
+            Snapshotter(
+                plan,
+                rank,
+                device,
+                metrics.write,
+                trainer.parts,
+                pin_checked=checks,
+                timeout_s=timeout_s,
+            )
             if plan
             else None
         )
         if snaps:
             unwind.callback(snaps.abandon)
+        # the checkpoint's group is made at its first use (Checkpointer.group), and says so
         groups = {"world": dist.group.WORLD, **mesh_groups(ctx.mesh)}
-        groups.update({"checkpoint": ckpt.group} if ckpt else {})
-        groups.update({"snapshot": snaps.group} if snaps else {})
+        groups.update({f"snapshot:{peer}": g for peer, g in snaps.links.items()} if snaps else {})
         held = hold_timeouts(groups, timeout_s)
         metrics.write({"event": "groups", "timeout_s": held, "at": time.time()})
         guard = CorruptionGuard(ReplicaCheck(spec, ctx), trainer, snaps) if checks else None
@@ -489,6 +503,8 @@ def run(args: argparse.Namespace, restartable: bool = False) -> int:
                         hang_after_s, cuda=True, stepping=True, params=spec.model.params
                     )
                     metrics.write({"event": "groups", "timeout_s": hold_timeouts(groups, steady)})
+                    if ckpt:
+                        ckpt.hold_timeout(steady)
                 for line in watch.observe(r.step, r.loss, r.grad_norm):
                     metrics.write(line)
                     say(

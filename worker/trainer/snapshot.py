@@ -13,12 +13,13 @@ and hands them to one background thread, which
    only what lies elsewhere is copied. The whole state is written every `full_every` snapshots,
    and whenever the chain before N has a gap (the first snapshot, a failed copy, a checked
    snapshot: a rollback loads that one alone);
-2. offers the slot to the rank's holder over a gloo group of its own, and takes its wards'
-   slots into its `held/` ring (every rank does both at every snapshot, so the messages always
-   pair up; worker/trainer/snapshot_wire.py). A ward in the same host memory is held by a
-   hard link to its file, which the ward makes itself (`_meet` finds such pairs once): no
-   bytes move, only the step linked, and the copy still outlives the ward's directory. Only
-   a ward on another host sends its bytes over the network.
+2. offers the slot to the rank's holder over a gloo group of the two alone (`buddy_links`),
+   and takes its wards' slots into its `held/` ring (every rank does both at every
+   snapshot, so the messages always pair up; worker/trainer/snapshot_wire.py). A ward in
+   the same host memory is held by a hard link to its file, which the ward makes itself
+   (`_meet` finds such pairs once): no bytes move, only the step linked, and the copy still
+   outlives the ward's directory. Only a ward on another host sends its bytes over the
+   network.
 The training thread waits for both steps, and only just before the next optimizer step would
 change the tensors being copied (`wait_held`, called as the step's `before_update`): a rank
 never updates past a step whose copy its holder lacks.
@@ -41,6 +42,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -279,6 +281,25 @@ class Tail:
     base: int  # the step of the whole snapshot its chain starts from
 
 
+def buddy_links(
+    holders: dict[int, int], rank: int, timeout_s: float
+) -> dict[int, dist.ProcessGroup]:
+    """One gloo group per pair of a rank and its holder, for the pairs this rank is in, by the
+    peer's rank: the snapshots' connections grow with the world, not with its square as one
+    world-sized group's full mesh does (issue 48). Every rank makes every pair's group, in one
+    order (a collective call: torch names a group by how many came before it, so
+    `use_local_synchronization`, whose hashed names count this process's groups, would name a
+    pair differently on its two ranks); only its two members connect, so no two ranks wait
+    on each other's next pair and a cycle of waits cannot form."""
+    pairs = sorted({(min(r, h), max(r, h)) for r, h in holders.items() if r != h})
+    links = {}
+    for a, b in pairs:
+        group = dist.new_group([a, b], backend="gloo", timeout=timedelta(seconds=timeout_s))
+        if rank in (a, b):
+            links[b if rank == a else a] = group
+    return links
+
+
 class Snapshotter:
     def __init__(
         self,
@@ -288,15 +309,16 @@ class Snapshotter:
         report: Callable[[dict], None],
         parts: list[nn.Module],
         pin_checked: bool = False,
+        timeout_s: float = 1800.0,
     ):
         """`parts`: the model parts whose state `take` will be handed (with logged steps,
         their FSDP groups reduce gradients into the logged-step slots); `pin_checked`: keep
-        the newest snapshot taken after a passed corruption check."""
+        the newest snapshot taken after a passed corruption check; `timeout_s`: the buddy
+        groups' collective timeout."""
         self.plan, self.rank, self.device, self.report = plan, rank, device, report
         self.holder = plan.holders.get(rank)
         self.wards = plan.wards(rank)
-        # Created on every rank, in the same order as every other group (a collective call).
-        self.group = dist.new_group(backend="gloo")
+        self.links = buddy_links(plan.holders, rank, timeout_s)
         self.own = Rings(
             plan.own_dir(rank),
             plan,
@@ -340,6 +362,10 @@ class Snapshotter:
         self.broken = ""  # why an exchange failed: its holder or a ward is gone
         self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
 
+    def _to(self, peer: int) -> dist.ProcessGroup:
+        """The gloo group this rank shares with `peer` alone (its holder or a ward)."""
+        return self.links[peer]
+
     def _meet(self) -> tuple[Path | None, set[int]]:
         """Where this rank's holder keeps its copies, if the holder shares its host memory,
         and which of its wards do: each rank offers its holder a file stamped with a random
@@ -352,18 +378,18 @@ class Snapshotter:
         path.write_bytes(stamp(probe))
         sends = []
         if self.holder is not None:
-            sends = isend_offer(encode_manifest(probe), 0, path, self.holder, self.group)
+            sends = isend_offer(encode_manifest(probe), 0, path, self.holder, self._to(self.holder))
         here = set()
         for w in self.wards:
-            offer = recv_offer(w, self.group)
+            offer = recv_offer(w, self._to(w))
             if offer is not None and holds(offer.path, offer.manifest):
                 here.add(w)
                 d = self.plan.held_dir(w)
-                sends += isend_offer(encode_manifest({}), 0, d, w, self.group)
+                sends += isend_offer(encode_manifest({}), 0, d, w, self._to(w))
             else:
-                sends += isend_offer(None, 0, None, w, self.group)
+                sends += isend_offer(None, 0, None, w, self._to(w))
         held_dir = None
-        if self.holder is not None and (answer := recv_offer(self.holder, self.group)):
+        if self.holder is not None and (answer := recv_offer(self.holder, self._to(self.holder))):
             held_dir = answer.path
         for s in sends:
             s.wait()
@@ -568,17 +594,17 @@ class Snapshotter:
                     linked = copied.step
                 except (OSError, RuntimeError) as e:
                     errors.append(f"copy for rank {self.holder}: {type(e).__name__}: {e}")
-            sends = isend_held(linked, self.holder, self.group)
+            sends = isend_held(linked, self.holder, self._to(self.holder))
         elif self.holder is not None:
             nbytes = copied.manifest["nbytes"] if offered else 0
-            sends = isend_offer(copied.raw, nbytes, copied.bin, self.holder, self.group)
+            sends = isend_offer(copied.raw, nbytes, copied.bin, self.holder, self._to(self.holder))
         incoming = []  # (ward, offer, held slot): bytes that come over the network
         for w in self.wards:
             if w in self.wards_here:  # linked by the ward itself
-                if (step := recv_held(w, self.group)) is not None:
+                if (step := recv_held(w, self._to(w))) is not None:
                     held[str(w)], via[str(w)] = step, "link"
                 continue
-            offer = recv_offer(w, self.group)
+            offer = recv_offer(w, self._to(w))
             if offer is None:
                 continue
             need = False
@@ -596,11 +622,13 @@ class Snapshotter:
                     incoming.append((w, ring, offer, i, man_path, image))
             except (OSError, RuntimeError, ValueError) as e:
                 errors.append(f"copy of rank {w}: {type(e).__name__}: {e}")
-            sends += isend_answer(need, w, self.group)
-        if offered and not self.holder_here and recv_answer(self.holder, self.group):
-            sends += isend_image(copied.image, copied.manifest["nbytes"], self.holder, self.group)
+            sends += isend_answer(need, w, self._to(w))
+        if offered and not self.holder_here and recv_answer(self.holder, self._to(self.holder)):
+            sends += isend_image(
+                copied.image, copied.manifest["nbytes"], self.holder, self._to(self.holder)
+            )
         for w, ring, offer, i, man_path, image in incoming:
-            dist.recv(image[: offer.nbytes], w, group=self.group)
+            dist.recv(image[: offer.nbytes], w, group=self._to(w))
             ring.commit(i, man_path, offer.manifest, offer.raw)
             held[str(w)], via[str(w)] = offer.manifest["step"], "network"
         for s in sends:
