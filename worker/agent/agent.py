@@ -640,6 +640,14 @@ class Agent:
                 "TrainerStopped",
                 f"worker {self.cfg.wid}: {why}; stopped ranks {sorted(p.rank for p in live)}",
             )
+        elif kept:
+            log.info(
+                "job %s generation %d: %s; ranks %s kept for the next generation",
+                run.job,
+                run.generation,
+                why,
+                sorted(kept),
+            )
         else:
             log.info(
                 "job %s generation %d: %s; this worker is idle again", run.job, run.generation, why

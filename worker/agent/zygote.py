@@ -31,6 +31,7 @@ EOF on stdin (the agent closed the pipe or died) ends the zygote; it also dies w
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -105,12 +106,18 @@ def main() -> int:
     if sys.argv[1:2] == ["--cold"]:  # one trainer, no zygote: `--cold TRAINER_ARGS...`
         from worker.trainer.main import main as train
 
+        gc.freeze()  # as the zygote does, below
         join_memory_group()  # after the import: a limit is on what the rank allocates
         return train(sys.argv[2:])
     import torch  # noqa: F401  (the whole point: pay the import once, before any rank)
 
     import worker.trainer.main  # noqa: F401
 
+    # Every object the imports made moves to a generation the collector never scans: a
+    # trainer's collections (each generation's teardown makes one, worker/trainer/handoff.py)
+    # skip torch's whole object graph, and do not write to its pages, which stay shared
+    # copy-on-write with the other trainers (Python's gc.freeze notes on fork)
+    gc.freeze()
     print(f"[meshkeeper] trainer zygote ready (pid {os.getpid()})", file=sys.stderr, flush=True)
     sys.stdout.write(json.dumps({"ready": os.getpid()}) + "\n")
     sys.stdout.flush()

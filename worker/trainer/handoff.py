@@ -92,13 +92,13 @@ class Handoff:
         self._arrived.set()
         return True
 
-    def after(self, error: BaseException) -> Order | None:
-        """The order to go on with after `error` ended this generation's run, or None: exit
-        as before. A rank whose peers failed waits for it up to `park_s`."""
-        if self._arrived.is_set():
-            return self.order
-        if not peer_failed(error):
-            return None
+    def may_follow(self, error: BaseException) -> bool:
+        """Whether an order may follow `error`, which ended this generation's run: one has
+        arrived (its abort caused the error), or a peer's failure did (a recovery comes)."""
+        return self._arrived.is_set() or peer_failed(error)
+
+    def wait(self) -> Order | None:
+        """The order, waited for up to `park_s`; None: none came, exit as before."""
         self._arrived.wait(self.park_s)
         return self.order
 

@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -614,12 +615,38 @@ def attempt(args: argparse.Namespace) -> int | Order:
     """One generation in this process: its exit code, or the next generation's order when the
     agent handed one over (worker/trainer/handoff.py)."""
     handoff = None
+    if args.handoff and not torch.cuda.is_available():  # why not on CUDA: handoff.py
+        ft = load_spec(args.spec).fault_tolerance
+        # the order follows the controller's decision, which a dead worker's silence
+        # (dead_after_s) and a lost pub/sub message (the agent's 5 s re-read) can delay
+        handoff = Handoff(Path(args.handoff), args.generation, ft.dead_after_s + 10.0)
     try:
-        if args.handoff and not torch.cuda.is_available():  # why not on CUDA: handoff.py
-            ft = load_spec(args.spec).fault_tolerance
-            # the order follows the controller's decision, which a dead worker's silence
-            # (dead_after_s) and a lost pub/sub message (the agent's 5 s re-read) can delay
-            handoff = Handoff(Path(args.handoff), args.generation, ft.dead_after_s + 10.0)
+        outcome = run_guarded(args, handoff)
+        if isinstance(outcome, int):
+            return outcome
+        # The generation's objects are garbage once its traceback is: freed now, while the
+        # order is awaited (a rank whose peer died waits here from the moment it failed)
+        gc.collect()
+        order = handoff.wait()
+        if order is None:  # no recovery came: exit as an uncaught error would
+            print(outcome, file=sys.stderr, end="", flush=True)
+            return 1
+        last = outcome.strip().splitlines()[-1][:300]
+        print(
+            f"[meshkeeper] generation {args.generation} ended here ({last}); this process "
+            f"goes on as generation {order.generation}",
+            flush=True,
+        )
+        return order
+    finally:
+        if handoff:
+            handoff.close()
+
+
+def run_guarded(args: argparse.Namespace, handoff: Handoff | None) -> int | str:
+    """`run`, its known failures turned into exit codes. A failure that may end in an order
+    (one arrived, or a peer's failure caused it) is returned as its traceback's text."""
+    try:
         return run(args, restartable=handoff is not None)
     except (SpecError, DatasetError, StorageNotShared, WeightsError) as e:
         print(f"meshkeeper: {e}", file=sys.stderr)
@@ -634,25 +661,13 @@ def attempt(args: argparse.Namespace) -> int | Order:
         print(f"meshkeeper: training stopped: {e}", file=sys.stderr)
         return 3
     except Exception as e:
-        order = handoff.after(e) if handoff else None
-        if order is None:
+        if handoff is None or not handoff.may_follow(e):
             raise
-        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-        print(
-            f"[meshkeeper] generation {args.generation} ended here ({first}); this process "
-            f"goes on as generation {order.generation}",
-            flush=True,
-        )
-        return order
-    finally:
-        if handoff:
-            handoff.close()
+        return traceback.format_exc()
 
 
 def take_order(order: Order, was: int) -> argparse.Namespace:
-    """Become the order's rank: its log, its environment, its arguments. The last
-    generation's objects go first, so two models never share this host's memory."""
-    gc.collect()
+    """Become the order's rank: its log, its environment, its arguments."""
     write_output_to(order.log)
     os.environ.update(order.env)
     print(

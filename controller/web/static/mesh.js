@@ -369,7 +369,9 @@ async function pullEvents(id) {
 // into one line per generation and kind, where the first of them was: otherwise they bury
 // the few that tell what happened. Warnings (a rank that died) and the controller's events
 // stay one line each.
-const FOLDED = { TrainerStarted: "started", TrainerStopped: "stopped", TrainerExited: "exited" };
+const FOLDED = {
+  TrainerStarted: "started", TrainerKept: "kept", TrainerStopped: "stopped", TrainerExited: "exited",
+};
 function timelineOf(events) {
   const out = [], groups = new Map();
   for (const e of events) {
