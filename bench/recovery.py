@@ -196,8 +196,8 @@ def meshkeeper_arm(kills: int) -> tuple[list[float], list[float], list[dict]]:
                 f"{[c.message for c in j.conditions if c.status == 'True']}"
             )
         records = [r.model_dump() for r in j.recoveries]
-    # the survivor's agent keeps its process (worker/trainer/handoff.py): one event per kill
-    kept = sum(e.reason == "TrainerKept" for e in client.events(jid, limit=1000))
+        # the survivor's agent keeps its process (worker/trainer/handoff.py): one event a kill
+        kept = sum(e.reason == "TrainerKept" for e in client.events(jid, limit=1000))
     unexpected = [r["cause"] for r in records if r["cause"] != "TrainerKilled"]
     if unexpected or len(records) != kills:
         raise SystemExit(
