@@ -418,10 +418,6 @@ def main() -> None:
             f"  torchrun / meshkeeper: {median(done) / median(mk):.1f}x (median), "
             f"{percentile(done, 90) / percentile(mk, 90):.1f}x (p90)"
         )
-    print("\nkill -> each surviving rank's next finished step (median over the surviving ranks):")
-    print("  " + summary("meshkeeper", mk_stalls))
-    if tr_stalls:
-        print("  " + summary("torchrun", tr_stalls))
     if attempts:
         print(
             f"  torchrun restart attempts per kill: {attempts} (an attempt that fails in gloo's "
@@ -429,6 +425,10 @@ def main() -> None:
         )
     if len(done) < len(tr):
         print(f"  torchrun: restart {len(tr)} hung (no step within {RESTART_TIMEOUT_S:.0f} s)")
+    print("\nkill -> each surviving rank's next finished step (median over the surviving ranks):")
+    print("  " + summary("meshkeeper", mk_stalls))
+    if tr_stalls:
+        print("  " + summary("torchrun", tr_stalls))
     if not args.skip_goodput:
         base, _ = goodput(args.goodput_steps, None)
         chaos, n = goodput(args.goodput_steps, args.every)

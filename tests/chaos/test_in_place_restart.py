@@ -7,20 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.chaos.chaos import (
-    assert_curve,
-    at_step,
-    completed,
-    events,
-    kill,
-    mesh_spec,
-    metrics_path,
-    rank,
-    start,
-    succeeded,
-    wait_record,
-)
-from tests.chaos.test_chaos import KILL_AT
+from tests.chaos.chaos import assert_curve, events, mesh_spec, start, succeeded
+from tests.chaos.test_multi_device import killed_in_place
 from tests.stack import Stack
 
 pytestmark = pytest.mark.slow
@@ -41,22 +29,12 @@ def test_a_kill_keeps_every_other_ranks_process_and_the_exact_curve(two_nodes, u
     w, j1 = start(two_nodes, spec)
     before = {r.rank: r.pid for r in j1.mesh.ranks}
     victim = 5  # replica 2's second TP rank: its replica's peer and three replicas survive
-    wait_record(metrics_path(two_nodes, j1, victim), at_step(KILL_AT), WAIT_S, "rank 5 trains")
-    kill(rank(j1, victim).pid)
-    j2 = w.until(
-        lambda j: j.recoveries and j.recoveries[0].completed_at is not None,
-        WAIT_S,
-        "the recovery from the kill to complete",
-    )
-    rec = j2.recoveries[0]
-    assert (rec.cause, rec.action) == ("TrainerKilled", "restart"), rec
-    completed(rec)
+    j2 = killed_in_place(two_nodes, w, j1, victim)  # a restart, every rank from memory
     after = {r.rank: r.pid for r in j2.mesh.ranks}
     assert {r: after[r] for r in before if r != victim} == {
         r: pid for r, pid in before.items() if r != victim
     }, (before, after)
     assert after[victim] != before[victim], (before, after)
-    assert rec.restored_from == {str(r): "memory" for r in range(8)}, rec
     kept = [e for e in events(two_nodes, j1.id) if e.reason == "TrainerKept"]
     assert len(kept) == 2, [(e.reason, e.message) for e in events(two_nodes, j1.id)]
     j = w.finish(timeout=2 * WAIT_S)
