@@ -53,7 +53,7 @@ MARKS = """return [...document.querySelectorAll('#loss-chart .mark')].map(m => (
     label: m.querySelector('.mark-label')?.textContent ?? null,
     color: getComputedStyle(m).borderLeftColor,
     head: getComputedStyle(m, '::after').borderRadius}))"""
-FOLDED = ("TrainerStarted", "TrainerStopped", "TrainerExited")
+FOLDED = ("TrainerStarted", "TrainerKept", "TrainerStopped", "TrainerExited")
 
 
 def test_the_page_keeps_a_killed_cell_in_place_folds_events_and_labels_marks(
@@ -163,10 +163,17 @@ def test_the_page_keeps_a_killed_cell_in_place_folds_events_and_labels_marks(
     assert {k: int(li["folded"]) for k, li in folded.items()} == groups
     world = {"1": 4, "2": 2, "3": 4}  # dp2 x tp2, shrunk to dp1, grown back
     for gen, n in world.items():
-        started = folded[("TrainerStarted", gen)]["message"]
-        assert re.fullmatch(rf"generation {gen}: {n} ranks started on {n} workers", started), (
-            started
-        )
+        # each rank of a generation started afresh or kept its process (worker/trainer/handoff.py)
+        ranks = 0
+        for reason, verb in (("TrainerStarted", "started"), ("TrainerKept", "kept")):
+            if (reason, gen) not in folded:
+                continue
+            line = folded[(reason, gen)]["message"]
+            got = re.fullmatch(rf"generation {gen}: (\d+) ranks? {verb} on (\d+) workers?", line)
+            assert got and got[1] == got[2], line  # one rank per worker here
+            ranks += int(got[1])
+        assert ranks == n, (gen, folded)
+    assert ("TrainerStarted", "1") in folded and ("TrainerKept", "3") in folded, folded
     faults = [li for li in lines if li["warning"] and f"rank {victim.rank} " in li["message"]]
     assert any(li["reason"] == "RecoveryStarted" for li in faults), lines
 
