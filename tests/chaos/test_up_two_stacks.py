@@ -19,12 +19,13 @@ from tests.chaos.chaos import (
     metrics_path,
     paced_spec,
     rank,
+    records,
     succeeded,
-    wait_record,
 )
 from tests.chaos.conftest import UP_WORKERS
 from tests.chaos.test_chaos import hot_restore, only_recovery
 from tests.chaos.upstack import UpStack
+from tests.stack import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -40,22 +41,30 @@ def test_two_ups_on_one_host_each_recover_from_their_own_host_memory(up, tmp_pat
         want = uninterrupted(spec)
         # both jobs submitted before either is waited for: they train side by side
         watches = {n: Watch(s, s.client.submit(spec).id) for n, s in stacks.items()}
-        firsts = {
-            n: w.until(
-                lambda j: (
-                    j.mesh.generation == 1
-                    and j.mesh.ranks
-                    and all(r.pid and r.state == "running" for r in j.mesh.ranks)
-                ),
-                180,
-                f"every rank of stack {n}'s job to train",
-            )
-            for n, w in watches.items()
-        }
-        for n, s in stacks.items():
-            j1 = firsts[n]
-            wait_record(metrics_path(s, j1, 1), at_step(KILL_AT), 120, f"{n}'s rank 1 at step")
-            kill(rank(j1, 1).pid)
+        firsts: dict = {}
+        killed: set[str] = set()
+
+        def kill_each_at_its_step() -> bool:
+            """Each stack's rank 1 killed as soon as it reaches KILL_AT, whichever comes first:
+            waiting for one stack before looking at the other let a loaded host's other job
+            reach its last step before its kill (it then recovered into nothing to do)."""
+            for n, s in stacks.items():
+                if n not in firsts:
+                    j = watches[n].poll()
+                    if (
+                        j.mesh.generation == 1
+                        and j.mesh.ranks
+                        and all(r.pid and r.state == "running" for r in j.mesh.ranks)
+                    ):
+                        firsts[n] = j
+                elif n not in killed and any(
+                    map(at_step(KILL_AT), records(metrics_path(s, firsts[n], 1)))
+                ):
+                    kill(rank(firsts[n], 1).pid)
+                    killed.add(n)
+            return len(killed) == len(stacks)
+
+        wait_until(kill_each_at_its_step, 180, f"each stack's rank 1 to reach step {KILL_AT}")
 
         for n, s in stacks.items():
             j = watches[n].finish()
