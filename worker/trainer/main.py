@@ -615,11 +615,15 @@ def attempt(args: argparse.Namespace) -> int | Order:
     """One generation in this process: its exit code, or the next generation's order when the
     agent handed one over (worker/trainer/handoff.py)."""
     handoff = None
-    if args.handoff and not torch.cuda.is_available():  # why not on CUDA: handoff.py
-        ft = load_spec(args.spec).fault_tolerance
+    try:
+        spec = load_spec(args.spec) if args.handoff else None
+    except SpecError:
+        spec = None  # `run` says what is wrong with it (exit 2)
+    if spec is not None and not torch.cuda.is_available():  # why not on CUDA: handoff.py
         # the order follows the controller's decision, which a dead worker's silence
         # (dead_after_s) and a lost pub/sub message (the agent's 5 s re-read) can delay
-        handoff = Handoff(Path(args.handoff), args.generation, ft.dead_after_s + 10.0)
+        park_s = spec.fault_tolerance.dead_after_s + 10.0
+        handoff = Handoff(Path(args.handoff), args.generation, park_s)
     try:
         outcome = run_guarded(args, handoff)
         if isinstance(outcome, int):
