@@ -97,7 +97,8 @@ class ModelSpec(Strict):
     tie_embeddings: bool = Field(
         default=False,
         description="The LM head reuses the token embedding's weight (one tensor, trained "
-        "once), as small Llama 3.2 and Qwen models do. Needs tp 1 and pp 1 for now.",
+        "once), as small Llama 3.2 and Qwen models do. Needs pp 1, and loss_parallel under TP (the "
+        "head is then the vocab-parallel embedding's weight).",
     )
     qkv_bias: bool = Field(
         default=False, description="Biases on the q, k and v projections (Qwen2)."

@@ -163,7 +163,9 @@ def candidates(spec: JobSpec, cluster: Cluster) -> Iterator[Layout]:
     for tp in divisors(cluster.devices_per_worker):
         if m.heads % tp or m.key_value_heads % tp or m.ffn % tp:
             continue
-        if (spec.parallel.loss_parallel and m.vocab % tp) or (m.tie_embeddings and tp > 1):
+        if spec.parallel.loss_parallel and m.vocab % tp:
+            continue
+        if m.tie_embeddings and tp > 1 and not spec.parallel.loss_parallel:
             continue
         for pp in divisors(m.layers):
             if m.tie_embeddings and pp > 1:

@@ -79,6 +79,27 @@ def test_loss_parity(layout, reference, uninterrupted):
         )
 
 
+# A tied head (model.tie_embeddings) under TP is the vocab-parallel embedding's own weight:
+# each rank's vocabulary shard of it gets both the lookup's and the head's gradient.
+TIED_LAYOUTS = {
+    "dp2xtp2-tied": {"dp": 2, "tp": 2, "microbatches": 2},  # sequence parallel (default)
+    "tp2-tied-replicated-stream": {"tp": 2, "sequence_parallel": False},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(TIED_LAYOUTS), ids=list(TIED_LAYOUTS))
+def test_tied_head_loss_parity(layout, reference, uninterrupted):
+    tied = copy.deepcopy(BASE)
+    tied["model"]["tie_embeddings"] = True
+    want = [r["loss"] for r in uninterrupted(tied)]
+    assert want != pytest.approx(reference, rel=1e-5), "the single run did not tie the head"
+    spec = copy.deepcopy(tied)
+    spec["parallel"] = TIED_LAYOUTS[layout]
+    got = [r["loss"] for r in uninterrupted(spec)]
+    assert got == pytest.approx(want, rel=1e-5), f"{layout}: {got} vs single {want}"
+
+
 # bf16 compute (fp32 master weights and reductions) against a single bf16 process: every
 # layout rounds its partial sums in bf16 in a different order. Measured over the STEPS steps
 # (tests/numerics, 8 steps of tiny): largest relative loss difference 2.7e-5 for this layout

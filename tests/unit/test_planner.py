@@ -75,6 +75,16 @@ def test_every_plan_is_a_valid_spec_on_its_cluster_and_plans_come_fastest_first(
     assert times == sorted(times)
 
 
+def test_a_tied_head_is_planned_with_tp_but_never_with_a_pipeline():
+    where = cluster("cpu", 4, 2, 8 * 2**30)
+    plans = search(spec({"preset": "tiny", "tie_embeddings": True}), where)
+    assert {p.layout.tp for p in plans} == {1, 2} and {p.layout.pp for p in plans} == {1}
+    without_loss_parallel = search(
+        spec({"preset": "tiny", "tie_embeddings": True}, {"loss_parallel": False}), where
+    )
+    assert {p.layout.tp for p in without_loss_parallel} == {1}
+
+
 def test_a_model_too_big_for_the_devices_has_no_plan():
     s = spec({"preset": "70b"}, batch=8)
     assert search(s, cluster("cpu", 2, 1, 4 * 2**30)) == []

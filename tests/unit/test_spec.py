@@ -91,6 +91,17 @@ BAD = [
     (with_("snapshot.every_steps", 0), "snapshot.every_steps", "greater than 0"),
     (with_("snapshot.buddy", "yes"), "snapshot.buddy", "true or false"),
     (with_("snapshot.full_every", 0), "snapshot.full_every", "greater than or equal to 1"),
+    # a tied head: GOOD's pp 2 would need the weight on two stages
+    (with_("model.tie_embeddings", True), "model.tie_embeddings", "use parallel.tp"),
+    (
+        {
+            **GOOD,
+            "model": {"preset": "tiny", "tie_embeddings": True},
+            "parallel": {"tp": 2, "loss_parallel": False},
+        },
+        "parallel.loss_parallel",
+        "needs loss_parallel: true",
+    ),
     (
         with_("snapshot.ring", 2),
         "snapshot.ring",
@@ -119,6 +130,11 @@ def test_bad_spec_names_field_and_fix(spec, field, fix):
     matching = [p for p in info.value.problems if p.field == field]
     assert matching, f"no problem names {field}: {info.value}"
     assert any(fix in p.message for p in matching), f"{field}: {[p.message for p in matching]}"
+
+
+def test_a_tied_head_runs_under_tp():
+    spec = {**GOOD, "model": {"preset": "tiny", "tie_embeddings": True}, "parallel": {"tp": 2}}
+    assert parse_spec(spec).model.tie_embeddings
 
 
 def test_every_example_and_preset_stays_valid_and_round_trips():

@@ -27,6 +27,7 @@ from torch.distributed.tensor import DTensor
 from services.spec import ModelSpec
 from worker.trainer.init_rng import fill_normal
 from worker.trainer.moe import MoE
+from worker.trainer.vocab_embedding import VocabParallelEmbedding
 
 
 def rope_frequencies(cfg: ModelSpec) -> torch.Tensor:
@@ -131,7 +132,8 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.layers)})
         self.norm: nn.RMSNorm | None = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         # tied: the logits are computed with the embedding's own weight (`forward`), so the
-        # one tensor is trained once and FSDP holds it in one group (tp 1, pp 1: spec.py)
+        # one tensor is trained once and FSDP holds it in one group (pp 1: spec.py; under TP
+        # the vocab-parallel embedding computes them, worker/trainer/vocab_embedding.py)
         self.tied = cfg.tie_embeddings
         self.head: nn.Linear | None = (
             None if self.tied else nn.Linear(cfg.d_model, cfg.vocab, bias=False)
@@ -149,6 +151,8 @@ class Transformer(nn.Module):
             h = layer(h, self.rope_cos, self.rope_sin)
         if self.norm is not None:
             h = self.norm(h)
+        if self.tied and isinstance(self.embed, VocabParallelEmbedding):
+            return self.embed.logits(h)  # under TP: this rank's vocabulary shard
         if self.tied:
             return F.linear(h, self.embed.weight)
         return self.head(h) if self.head is not None else h

@@ -152,9 +152,9 @@ def _ends_plan(model: nn.Module, p: ParallelSpec) -> dict:
         plan["embed"] = PrepareModuleOutput(
             output_layouts=Replicate(), desired_output_layouts=stream
         )
+    if model.norm is not None and p.sequence_parallel:  # the last stage's, before the head
+        plan["norm"] = SequenceParallel()
     if model.head is not None:
-        if p.sequence_parallel:
-            plan["norm"] = SequenceParallel()
         if p.loss_parallel:
             plan["head"] = ColwiseParallel(input_layouts=stream, output_layouts=Shard(-1))
         elif p.sequence_parallel:

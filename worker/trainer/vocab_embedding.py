@@ -12,6 +12,10 @@ the weight (`Shard(0)`), and the partial sums go to the residual stream's layout
 DTensor (an all-reduce, or a reduce-scatter over the sequence with sequence parallelism).
 The additions are the ones `RowwiseParallel` makes, so the numbers are its numbers
 (tests/numerics/test_parity.py holds every TP layout to one process).
+
+A tied LM head (`model.tie_embeddings`) is the same weight used as the head: `logits` gives
+this rank's vocabulary shard of the logits, the layout `ColwiseParallel` gives an untied head
+under loss_parallel, and the weight's gradient gets both uses' contributions in its one shard.
 """
 
 from __future__ import annotations
@@ -20,7 +24,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Placement, Shard, distribute_tensor
+from torch.distributed.tensor import (
+    DTensor,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    distribute_tensor,
+)
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 
@@ -52,3 +63,14 @@ class VocabParallelEmbedding(nn.Embedding):
         looked_up = F.embedding(local_ids, rows).masked_fill(outside.unsqueeze(-1), 0.0)
         summed = DTensor.from_local(looked_up, self.mesh, [Partial()], run_check=False)
         return summed.redistribute(self.mesh, [self.output_layout]).to_local()
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The tied head: this rank's vocabulary shard of the logits (Shard(-1), as the
+        loss_parallel loss takes them). `hidden` is the final norm's output in the residual
+        stream's layout: a DTensor over the sequence with sequence parallelism, else the
+        local (replicated) tensor. Gathered to every rank first; in backward its gradient's
+        partial sums over TP go back to that layout (an all-reduce or a reduce-scatter)."""
+        if not isinstance(hidden, DTensor):
+            hidden = DTensor.from_local(hidden, self.mesh, [self.output_layout], run_check=False)
+        whole = hidden.redistribute(self.mesh, [Replicate()])
+        return F.linear(whole, self.weight).to_local()
