@@ -38,6 +38,7 @@ from services.procs import stop_all
 from services.records import EXIT_SUSPENDED, RankReport
 from services.spec import SpecError, parse_spec
 from services.store import Store, loads
+from worker.agent import reverse_dns
 from worker.agent.gloo_interface import gloo_env
 from worker.agent.heartbeat import Heartbeat
 from worker.agent.launcher import Launcher
@@ -189,6 +190,7 @@ class Agent:
             self.cfg.devices,
             "forked from a zygote" if self.launcher.warm else "started cold",
         )
+        reverse_dns.check_in_background(self.cfg.address)
         redis_outage = Outage(
             redis.RedisError,
             2.0,
