@@ -16,7 +16,9 @@ gates each one) and the job's recovery record:
 - mesh groups: -> the last rank's DeviceMesh groups;
 - build+groups: -> the model built and the checkpoint and snapshot groups formed;
 - restore: -> the last rank restored (own memory, or the buddy's copy for the spare);
-- first step: -> the last rank's first step after the restore.
+- first step: -> the last rank's first step after the restore;
+- healthy step (not part of the total): the median step time before the kill, at the slowest
+  rank, what the first step compares with.
 
 Every phase is fitted as t = a * N^b over the sizes (least squares in log-log), and projected
 to 1k, 16k and 100k ranks from the largest size measured. Gloo on one host cannot show what
@@ -31,6 +33,7 @@ The last line is stable: `recovery growth 4 -> 32 ranks: X.XXx (kill to first st
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import signal
@@ -100,6 +103,20 @@ def milestones(run_dir: Path, jid: str, generation: int) -> dict[str, float]:
     return latest
 
 
+def healthy_step(run_dir: Path, jid: str, generation: int) -> float:
+    """The generation's median step time at its slowest rank, before the kill: what the
+    first step after a recovery compares with (N ranks' compute shares this host's cores)."""
+    per_rank = []
+    for f in run_dir.glob(f"workers/*/jobs/{jid}/g{generation}/metrics-*.jsonl"):
+        times = [r["time"] for r in read(f) if is_step(r)]
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        if gaps:
+            per_rank.append(median(gaps))
+    if not per_rank:
+        raise SystemExit(f"generation {generation} of {jid}: no two steps on any rank")
+    return max(per_rank)
+
+
 def phases(t_kill: float, record: dict, m: dict[str, float]) -> dict[str, float]:
     chain = [
         t_kill,
@@ -149,6 +166,7 @@ def one_size(world: int, kills: int) -> list[dict[str, float]]:
             if record["cause"] != "TrainerKilled":
                 raise SystemExit(f"{world} ranks, kill {gen}: recovery for {record['cause']}")
             out.append(phases(t_kill, record, milestones(run_dir, jid, gen + 1)))
+            out[-1]["healthy step"] = healthy_step(run_dir, jid, gen)
             print(
                 f"  {world:>3} ranks kill {gen}: "
                 + "  ".join(f"{k} {v:.2f}" for k, v in out[-1].items()),
@@ -178,10 +196,10 @@ def main() -> None:
     if len(args.sizes) < 2:
         ap.error("--sizes: at least two sizes to fit a growth")
     medians: dict[int, dict[str, float]] = {}
+    names = (*PHASES, "total", "healthy step")
     for n in args.sizes:
         runs = one_size(n, args.kills)
-        medians[n] = {k: median([r[k] for r in runs]) for k in (*PHASES, "total")}
-    names = (*PHASES, "total")
+        medians[n] = {k: median([r[k] for r in runs]) for k in names}
     print("\nphase (median s)  " + "".join(f"{n:>9}" for n in args.sizes) + "   growth N^b")
     fits = {}
     for k in names:
@@ -197,7 +215,7 @@ def main() -> None:
         "upper bound. docs/fault-tolerance.md sets published figures beside these."
     )
     print("phase            " + "".join(f"{n:>11,}" for n in PROJECT_TO))
-    for k in names:
+    for k in names[:-1]:  # the healthy step is the host's, not the recovery's
         row = "".join(f"{medians[big][k] * (n / big) ** fits[k]:11.3g}" for n in PROJECT_TO)
         print(f"{k:<17}{row}")
     first, last = args.sizes[0], args.sizes[-1]
