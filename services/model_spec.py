@@ -97,8 +97,9 @@ class ModelSpec(Strict):
     tie_embeddings: bool = Field(
         default=False,
         description="The LM head reuses the token embedding's weight (one tensor, trained "
-        "once), as small Llama 3.2 and Qwen models do. Needs pp 1, and loss_parallel under TP (the "
-        "head is then the vocab-parallel embedding's weight).",
+        "once), as small Llama 3.2 and Qwen models do. Under TP it needs loss_parallel (the head "
+        "is the vocab-parallel embedding's weight); under a pipeline the last stage holds a copy, "
+        "kept equal to the first stage's.",
     )
     qkv_bias: bool = Field(
         default=False, description="Biases on the q, k and v projections (Qwen2)."

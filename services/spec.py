@@ -551,14 +551,7 @@ def consistency_problems(s: JobSpec) -> list[Problem]:
             f"model.kv_heads ({m.key_value_heads}) must be divisible by tp ({p.tp}): TP gives "
             f"each rank whole KV heads; choose tp in {{{_divisors(m.key_value_heads)}}}",
         )
-    if m.tie_embeddings and p.pp > 1:
-        bad(
-            "model.tie_embeddings",
-            f"a tied embedding and LM head runs at pp 1 only for now (pp={p.pp}): the "
-            "pipeline's first and last stages would each need the one weight; use parallel.tp "
-            "or parallel.dp with zero 3, which shard it, or untie them",
-        )
-    elif m.tie_embeddings and p.tp > 1 and not p.loss_parallel:
+    if m.tie_embeddings and p.tp > 1 and not p.loss_parallel:
         bad(
             "parallel.loss_parallel",
             f"a tied embedding and LM head at tp {p.tp} needs loss_parallel: true (the "

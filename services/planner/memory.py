@@ -111,7 +111,8 @@ def memory_at(spec: JobSpec, layout: Layout, cluster: Cluster, position: str) ->
     if position in ("first", "only"):
         edge += vocab_rows  # embedding
     if position in ("last", "only"):
-        head = 0 if m.tie_embeddings else vocab_rows  # a tied head is the embedding itself
+        # a tied head is the embedding itself; the last of several stages holds a copy
+        head = 0 if m.tie_embeddings and position == "only" else vocab_rows
         edge += head + m.d_model  # LM head and final norm
     local = blocks * block + edge  # parameters of this rank's stage(s), before ZeRO
     shard = local / dp if layout.zero in (2, 3) else local

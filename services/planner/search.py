@@ -168,8 +168,6 @@ def candidates(spec: JobSpec, cluster: Cluster) -> Iterator[Layout]:
         if m.tie_embeddings and tp > 1 and not spec.parallel.loss_parallel:
             continue
         for pp in divisors(m.layers):
-            if m.tie_embeddings and pp > 1:
-                break
             if pp * tp > cluster.devices:
                 break
             for dp in divisors(batch):

@@ -175,6 +175,38 @@ def test_resume_on_another_mesh(reshard_chain, reference, i):
         assert got[s] == pytest.approx(want[s], rel=1e-5), f"step {s}"
 
 
+def tied(parallel: dict) -> dict:
+    """The job with its LM head tied to the embedding."""
+    s = spec(**parallel)
+    s["model"]["tie_embeddings"] = True
+    return s
+
+
+@pytest.mark.slow
+def test_a_tied_head_resumes_onto_a_pipeline_and_back(tmp_path):
+    """A pipeline's last stage holds a copy of a tied head's weight under the embedding's own
+    name (worker/trainer/tied_copies.py): it restores from the one saved tensor, a pipeline
+    saves the two copies as that one tensor, and the losses stay the uninterrupted run's."""
+    root = tmp_path / "reference-root"
+    extra = root_args(root) + ["--generation", str(SAVED_GENERATION)]
+    want = losses(train(tied(SAVED_ON), tmp_path / "reference", extra=extra), 1, STEPS)
+    piped = tmp_path / "piped-root"
+    extra = root_args(piped) + restore_from(tmp_path / "h1.json", root, SAVED_GENERATION, [4])
+    pipeline = {"dp": 2, "pp": 2, "tp": 2, "microbatches": 2}
+    got = losses(run_and_read(tied(pipeline), tmp_path / "piped", extra), 5, STEPS)
+    extra = root_args(tmp_path / "back-root") + restore_from(tmp_path / "h2.json", piped, 0, [10])
+    back = losses(run_and_read(tied(SAVED_ON), tmp_path / "back", extra), 11, STEPS)
+    assert got.keys() == set(range(5, STEPS + 1)) and back.keys() == set(range(11, STEPS + 1))
+    for s, loss in [*got.items(), *back.items()]:
+        assert loss == pytest.approx(want[s], rel=1e-5), f"step {s}"
+
+
+def run_and_read(s: dict, run_dir: Path, extra: list[str]) -> list[dict]:
+    out = run_trainer(s, run_dir, extra=extra)
+    assert "resharded" in out.stdout, out.stdout[-2000:]
+    return step_records(run_dir)
+
+
 def run_ranks(s: dict, run_dir: Path, extra: list[str]) -> list[subprocess.CompletedProcess]:
     """Every rank as its own `python -m worker.trainer` process, as an agent starts them (no
     torchrun, whose own traceback on a failed rank would hide the trainer's): each rank's

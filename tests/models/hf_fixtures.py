@@ -54,9 +54,6 @@ MOE = {"mixtral", "mixtral-fused"}
 LAYOUTS = {
     "one": {"dp": 1},
     "dp2-pp2-tp2": {"dp": 2, "pp": 2, "tp": 2, "microbatches": 2},
-    # a tied head needs pp 1; under TP it is the vocab-parallel embedding's weight, with
-    # sequence parallelism (both defaults)
-    "dp2-tp2": {"dp": 2, "tp": 2},
     # experts: two per EP rank, each expert's hidden width split over TP, over a pipeline
     "dp2-ep2-pp2-tp2": {"dp": 2, "ep": 2, "pp": 2, "tp": 2, "microbatches": 2},
     # FSDP (zero 3) over the two replicas of each expert shard: one expert per rank
@@ -68,7 +65,7 @@ def layouts(arch: str) -> tuple[str, ...]:
     """The layouts `arch` is checked at besides one process."""
     if arch in MOE:
         return ("dp2-ep2-pp2-tp2", "dp4-ep2")
-    return ("dp2-tp2",) if arch == "qwen2-tied" else ("dp2-pp2-tp2",)
+    return ("dp2-pp2-tp2",)
 
 
 def cases(*, parallel: bool = True) -> list[tuple[str, str]]:

@@ -1,7 +1,7 @@
 """A committed checkpoint exported with `meshkeeper export-hf` is a model `transformers` loads
 with no missing or unexpected keys, and it computes meshkeeper's next step: its loss on the
 next step's batch equals the trainer's within rtol 1e-5 (fp32), from a checkpoint saved in
-one process and one saved at a parallel layout (dp2 x pp2 x tp2; dp2 x tp2 for a tied head;
+one process and one saved at a parallel layout (dp2 x pp2 x tp2, a tied head's included;
 Mixtral's at dp2 x ep2 x pp2 x tp2 and dp4 x ep2). Importing and exporting with no update gives
 the source's tensors bit for bit, and `--dtype bf16` their bf16 casts (a Mixtral imported from
 transformers 5's fused form exports in the hub's per-expert form: the same model saved that

@@ -1,7 +1,7 @@
 """A Hugging Face checkpoint imported with `model.hf` computes what `transformers` computes:
 meshkeeper's step-1 loss equals `transformers`' loss on the same tokens within rtol 1e-5
 (fp32), in one process and at a parallel layout, for Llama 3 with rope scaling, Mistral,
-Qwen2 with biases and a tied head (dp2 x tp2: a tied head needs pp 1), and Qwen3 with q/k
+Qwen2 with biases and a tied head (its last pipeline stage holds a copy), and Qwen3 with q/k
 norms at dp2 x pp2 x tp2, and Mixtral (in the hub's per-expert form and transformers 5's fused
 one) at dp2 x ep2 x pp2 x tp2 and at dp4 x ep2 (FSDP over each expert shard's replicas), all
 with grouped-query attention. The Mixtral oracle is sensitive to what a wrong mapping would

@@ -80,10 +80,21 @@ def test_loss_parity(layout, reference, uninterrupted):
 
 
 # A tied head (model.tie_embeddings) under TP is the vocab-parallel embedding's own weight:
-# each rank's vocabulary shard of it gets both the lookup's and the head's gradient.
+# each rank's vocabulary shard of it gets both the lookup's and the head's gradient. Under a
+# pipeline the last stage holds a copy, and the two copies' gradients are summed.
 TIED_LAYOUTS = {
     "dp2xtp2-tied": {"dp": 2, "tp": 2, "microbatches": 2},  # sequence parallel (default)
     "tp2-tied-replicated-stream": {"tp": 2, "sequence_parallel": False},
+    "dp2xpp2xtp2-tied": {"dp": 2, "pp": 2, "tp": 2, "microbatches": 2},
+    "pp4-tied": {"pp": 4, "microbatches": 4},  # the middle stages hold no copy
+    # stages 0 and 2 on pp rank 0, 1 and 3 on pp rank 1: the copies on stages 0 and 3
+    "pp2-interleaved-tied": {
+        "pp": 2,
+        "microbatches": 2,
+        "pp_schedule": "interleaved_1f1b",
+        "virtual_stages": 2,
+    },
+    "dp2xpp2-zero2-tied": {"dp": 2, "pp": 2, "zero": 2, "microbatches": 2},
 }
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from services.planner import Layout, cluster, evaluate, search
 from services.planner.cost import bubble_fraction
-from services.planner.memory import rank_memory
+from services.planner.memory import memory_at, rank_memory
 from services.spec import JobSpec, SpecError, parse_spec
 
 GB = 10**9
@@ -75,10 +75,19 @@ def test_every_plan_is_a_valid_spec_on_its_cluster_and_plans_come_fastest_first(
     assert times == sorted(times)
 
 
-def test_a_tied_head_is_planned_with_tp_but_never_with_a_pipeline():
+def test_a_tied_head_is_planned_with_tp_and_a_pipeline_and_its_copy_counted():
     where = cluster("cpu", 4, 2, 8 * 2**30)
     plans = search(spec({"preset": "tiny", "tie_embeddings": True}), where)
-    assert {p.layout.tp for p in plans} == {1, 2} and {p.layout.pp for p in plans} == {1}
+    assert {p.layout.tp for p in plans} == {1, 2} and {1, 2, 4} <= {p.layout.pp for p in plans}
+    # the last stage holds a copy of the embedding as its head, the only stage none
+    tied, untied = (
+        spec({"preset": "tiny", "tie_embeddings": tie}, {"pp": 2, "microbatches": 2})
+        for tie in (True, False)
+    )
+    only = (spec({"preset": "tiny", "tie_embeddings": tie}) for tie in (True, False))
+    last = [memory_at(s, Layout.of(s.parallel), where, "last").params for s in (tied, untied)]
+    alone = [memory_at(s, Layout.of(s.parallel), where, "only").params for s in only]
+    assert last[0] == last[1] and alone[0] < alone[1]
     without_loss_parallel = search(
         spec({"preset": "tiny", "tie_embeddings": True}, {"loss_parallel": False}), where
     )

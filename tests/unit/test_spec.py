@@ -91,8 +91,6 @@ BAD = [
     (with_("snapshot.every_steps", 0), "snapshot.every_steps", "greater than 0"),
     (with_("snapshot.buddy", "yes"), "snapshot.buddy", "true or false"),
     (with_("snapshot.full_every", 0), "snapshot.full_every", "greater than or equal to 1"),
-    # a tied head: GOOD's pp 2 would need the weight on two stages
-    (with_("model.tie_embeddings", True), "model.tie_embeddings", "use parallel.tp"),
     (
         {
             **GOOD,
@@ -132,9 +130,8 @@ def test_bad_spec_names_field_and_fix(spec, field, fix):
     assert any(fix in p.message for p in matching), f"{field}: {[p.message for p in matching]}"
 
 
-def test_a_tied_head_runs_under_tp():
-    spec = {**GOOD, "model": {"preset": "tiny", "tie_embeddings": True}, "parallel": {"tp": 2}}
-    assert parse_spec(spec).model.tie_embeddings
+def test_a_tied_head_runs_under_tp_and_a_pipeline():
+    assert parse_spec(with_("model.tie_embeddings", True)).model.tie_embeddings  # dp2 pp2 tp2
 
 
 def test_every_example_and_preset_stays_valid_and_round_trips():

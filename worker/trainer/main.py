@@ -402,6 +402,8 @@ def run(args: argparse.Namespace, restartable: bool = False) -> int:
             unwind.callback(snaps.abandon)
         # the checkpoint's group is made at its first use (Checkpointer.group), and says so
         groups = {"world": dist.group.WORLD, **mesh_groups(ctx.mesh)}
+        if trainer.tied_copies:
+            groups["tied head"] = trainer.tied_copies.group
         groups.update({f"snapshot:{peer}": g for peer, g in snaps.links.items()} if snaps else {})
         held = hold_timeouts(groups, timeout_s)
         metrics.write({"event": "groups", "timeout_s": held, "at": time.time()})

@@ -124,16 +124,29 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+class Embedding(nn.Embedding):
+    """The token embedding. Given hidden states (floating point) instead of token ids, it is a
+    tied LM head: the logits from its own weight. The last stage of a pipeline computes a tied
+    head that way, through the module call, so FSDP gathers the weight around it as around any
+    forward (worker/trainer/pipeline.py)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight) if x.is_floating_point() else super().forward(x)
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelSpec):
         super().__init__()
         self.cfg = cfg
-        self.embed: nn.Embedding | None = nn.Embedding(cfg.vocab, cfg.d_model)
+        self.embed: nn.Embedding | None = Embedding(cfg.vocab, cfg.d_model)
+        # False on a pipeline's later stages, which take hidden states (pipeline.py)
+        self.takes_tokens = True
         self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.layers)})
         self.norm: nn.RMSNorm | None = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         # tied: the logits are computed with the embedding's own weight (`forward`), so the
-        # one tensor is trained once and FSDP holds it in one group (pp 1: spec.py; under TP
-        # the vocab-parallel embedding computes them, worker/trainer/vocab_embedding.py)
+        # one tensor is trained once and FSDP holds it in one group (under TP the
+        # vocab-parallel embedding computes them, worker/trainer/vocab_embedding.py; under a
+        # pipeline the last stage holds a copy, kept equal: worker/trainer/tied_copies.py)
         self.tied = cfg.tie_embeddings
         self.head: nn.Linear | None = (
             None if self.tied else nn.Linear(cfg.d_model, cfg.vocab, bias=False)
@@ -146,16 +159,19 @@ class Transformer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Token ids (B, T) on the first stage, hidden states (B, T, D) on later ones."""
-        h = self.embed(x) if self.embed is not None else x
+        h = self.embed(x) if self.takes_tokens else x
         for layer in self.layers.values():
             h = layer(h, self.rope_cos, self.rope_sin)
-        if self.norm is not None:
-            h = self.norm(h)
-        if self.tied and isinstance(self.embed, VocabParallelEmbedding):
+        if self.norm is None:  # a pipeline stage before the last
+            return h
+        h = self.norm(h)
+        if not self.tied:
+            return self.head(h)
+        if not self.takes_tokens:  # a pipeline's last stage: its own copy (pipeline.py)
+            return self.embed(h)
+        if isinstance(self.embed, VocabParallelEmbedding):
             return self.embed.logits(h)  # under TP: this rank's vocabulary shard
-        if self.tied:
-            return F.linear(h, self.embed.weight)
-        return self.head(h) if self.head is not None else h
+        return F.linear(h, self.embed.weight)
 
     @torch.no_grad()
     @torch.no_grad()

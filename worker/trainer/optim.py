@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -87,16 +88,21 @@ def _copies(grad: torch.Tensor, stage_ranks: int) -> int:
 
 @torch.no_grad()
 def clip_grad_norm(
-    params: list[torch.nn.Parameter], max_norm: float | None, stage_ranks: int
+    params: list[torch.nn.Parameter],
+    max_norm: float | None,
+    stage_ranks: int,
+    stage_copies: Sequence[torch.nn.Parameter] = (),
 ) -> torch.Tensor:
     """Global L2 norm over every rank (DP shards, TP shards, PP stages), clipping to `max_norm`
     when it is set; a 0-dim float64 tensor on the gradients' device.
 
     Each rank adds its local squares divided by the number of ranks holding the same piece,
-    so replicated pieces count once, and one all-reduce sums them. Nothing here waits for the
-    device: one foreach norm over the local pieces, the clip coefficient stays a tensor
-    (clamped to 1, as torch.nn.utils.clip_grads_with_norm_ does), and the caller reads the
-    norm on the host once, together with the loss.
+    so replicated pieces count once, and one all-reduce sums them. `stage_copies`: this
+    rank's parameters that another pipeline stage holds a copy of, with the same gradient (a
+    tied head's embedding, worker/trainer/tied_copies.py): two stages' worth of copies.
+    Nothing here waits for the device: one foreach norm over the local pieces, the clip
+    coefficient stays a tensor (clamped to 1, as torch.nn.utils.clip_grads_with_norm_ does),
+    and the caller reads the norm on the host once, together with the loss.
     """
     for p in params:  # local pieces of a Partial gradient are summands, not the gradient
         if p.grad is not None:
@@ -105,9 +111,11 @@ def clip_grad_norm(
     pieces = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
     device = pieces[0].device if pieces else torch.device("cpu")
     norms = torch._foreach_norm(pieces, 2, dtype=torch.float32) if pieces else []
+    copied = {id(p.grad) for p in stage_copies}
     by_copies: dict[int, list[torch.Tensor]] = {}
     for g, norm in zip(grads, norms, strict=True):
-        by_copies.setdefault(_copies(g, stage_ranks), []).append(norm)
+        stages = 2 if id(g) in copied else 1
+        by_copies.setdefault(stages * _copies(g, stage_ranks), []).append(norm)
     squares = torch.zeros((), dtype=torch.float64, device=device)
     for copies, group in by_copies.items():
         squares += torch.stack(group).double().square().sum() / copies

@@ -1,7 +1,8 @@
 """Pipeline stages and schedules on torch.distributed.pipelining.
 
 Stage i of S = pp * virtual_stages holds layers [i*L/S, (i+1)*L/S); stage 0 the
-embedding, stage S-1 the final norm and head. Pipeline rank r holds stages
+embedding, stage S-1 the final norm and head (a tied head: a copy of the embedding, kept equal
+to stage 0's by worker/trainer/tied_copies.py). Pipeline rank r holds stages
 r, r+pp, r+2pp, ... (the looped layout interleaved 1F1B expects).
 
 ZeRO under the pipeline: torch's stage holds an FSDP stage's gradients unreduced, and its
@@ -73,7 +74,10 @@ def stage_module(full: Transformer, stage: int, num_stages: int) -> Transformer:
         if key not in keep:
             del part.layers[key]
     if stage != 0:
-        part.embed = None
+        part.takes_tokens = False
+        # a tied head's last stage keeps a copy of the embedding as its head (tied_copies.py)
+        if not (part.tied and stage == num_stages - 1):
+            part.embed = None
     if stage != num_stages - 1:
         part.norm = None
         part.head = None

@@ -40,6 +40,7 @@ from worker.trainer.parallel import (
 )
 from worker.trainer.pipeline import build_schedule, split_stages
 from worker.trainer.prefetch import Prefetcher
+from worker.trainer.tied_copies import TiedCopies
 from worker.trainer.timing import step_clock
 
 
@@ -100,6 +101,8 @@ class Trainer:
             m.aux_weight = spec.model.aux_loss_coef / p.microbatches  # as the loss is
             m.stats.per_step = p.microbatches
         self.params = [q for m in self.parts for q in m.parameters()]
+        # a tied head under a pipeline: the last stage's copy of the embedding (pipeline.py)
+        self.tied_copies = TiedCopies.of(self.parts, mesh)
         # One optimizer per pipeline part: checkpoints key optimizer state by each part's
         # parameter names, which is what lets a different pipeline split reload it.
         self.optimizers = [build_optimizer(list(m.parameters()), spec.train) for m in self.parts]
@@ -273,7 +276,10 @@ class Trainer:
             local = self._forward_backward(x, y)
         p = self.spec.parallel
         with self.collectives.phase(), self.clock.waiting():
-            norm = clip_grad_norm(self.params, self.spec.train.grad_clip, p.dp * p.tp)
+            copies = self.tied_copies.params if self.tied_copies else ()
+            if self.tied_copies:
+                self.tied_copies.sum_gradients()
+            norm = clip_grad_norm(self.params, self.spec.train.grad_clip, p.dp * p.tp, copies)
         with self.collectives.phase(), self.clock.waiting():
             global_loss = self.global_loss(local)
         # The step's one host sync: loss and norm come back together (issue 12), and both

@@ -57,6 +57,8 @@ class VocabParallelEmbedding(nn.Embedding):
         return out
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.is_floating_point():  # hidden states: the tied head (model.Embedding)
+            return self.logits(tokens)
         rows = self.weight.to_local()  # under FSDP2: the gathered TP shard
         outside = (tokens < self.first_row) | (tokens >= self.first_row + rows.shape[0])
         local_ids = (tokens - self.first_row).masked_fill(outside, 0)
