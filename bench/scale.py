@@ -17,7 +17,9 @@ jobs submitted and cancelled, and Redis's memory per finished job (retention bou
     python bench/scale.py [--ranks 16384] [--hz 2] [--procs 4] [--jobs 16] [--json]
 
 Summary lines (stable): `sustained / asked heartbeats: X.XXx`, `detection p99: X.XX s
-(dead_after_s D)`, `GET job p99: X.X ms`, `controller CPU: X.XX cores`, `reconcile pass: X.X ms
+(dead_after_s D)`, `recovery decide: X.X ms p50, Y.Y ms max (jobs of N ranks + 1 spare)`
+(detection to the new generation computed, written in the same transaction), `GET job p99:
+X.X ms`, `controller CPU: X.XX cores`, `reconcile pass: X.X ms
 CPU, Y.Y ms wall (mean of N)`; with --json, the last line is a JSON object with those numbers.
 """
 
@@ -264,7 +266,7 @@ def main() -> None:
                 b - a for a, b in zip(passes0, pass_totals(client), strict=True)
             )
             print(f"stopping {args.kill} simulated workers, timing their detection ...", flush=True)
-            detection = detect(stack, client, jobs, dead, args.kill)
+            detection, decide = detect(stack, client, jobs, dead, args.kill)
             mem = finished_memory(stack, client, args.finished_jobs)
         finally:
             for p in sims:
@@ -275,6 +277,9 @@ def main() -> None:
         "asked_heartbeats_per_s": round(asked),
         "sustained_heartbeats_per_s": round(sustained),
         "detection_p99_s": round(percentile(detection, 99), 3),
+        "ranks_per_job": per_job,
+        "decide_p50_ms": round(percentile(decide, 50) * 1e3, 1),
+        "decide_max_ms": round(max(decide) * 1e3, 1),
         "dead_after_s": DEAD_AFTER_S,
         "rest_p99_ms": round(percentile(lat, 99) * 1e3, 2),
         "controller_cpu_cores": round(cpu, 3),
@@ -285,6 +290,10 @@ def main() -> None:
     }
     print(f"sustained / asked heartbeats: {sustained / asked:.2f}x ({sustained:,.0f}/{asked:,.0f})")
     print(f"detection p99: {out['detection_p99_s']:.2f} s (dead_after_s {DEAD_AFTER_S})")
+    print(
+        f"recovery decide: {out['decide_p50_ms']:.1f} ms p50, {out['decide_max_ms']:.1f} ms max "
+        f"(jobs of {per_job} ranks + 1 spare)"
+    )
     print(f"GET job p99: {out['rest_p99_ms']:.1f} ms")
     print(f"controller CPU: {cpu:.2f} cores")
     print(
@@ -314,8 +323,9 @@ def pass_totals(client) -> tuple[float, float, float]:
     return total(wall, "_count"), total(wall, "_sum"), total(cpu, "_sum")
 
 
-def detect(stack, client, jobs: list[str], dead, k: int) -> list[float]:
-    """Stop one rank worker in each of `k` jobs; seconds from the stop to the recovery."""
+def detect(stack, client, jobs: list[str], dead, k: int) -> tuple[list[float], list[float]]:
+    """Stop one rank worker in each of `k` jobs: seconds from the stop to the recovery's
+    decision, and from its detection to the new generation computed (`decide_s`)."""
     store = redis.Redis.from_url(stack.redis_url, decode_responses=True)
     victims: dict[str, tuple[str, float]] = {}
     for jid in jobs[:k]:
@@ -324,14 +334,16 @@ def detect(stack, client, jobs: list[str], dead, k: int) -> list[float]:
         s, us = store.time()
         dead[int(w[3:])] = 1
         victims[jid] = (w, s + us / 1e6)
-    out = []
+    out, decide = [], []
     for jid, (w, stopped) in victims.items():
         until(lambda jid=jid: client.job(jid).recoveries, f"job {jid} to recover", 120)
         rec = client.job(jid).recoveries[0]
         assert w in {f.worker for f in rec.faults}, (w, rec.faults)
         out.append((rec.decided_at or rec.detected_at) - stopped)
+        if rec.decided_at is not None:
+            decide.append(rec.decided_at - rec.detected_at)
     store.close()
-    return out
+    return out, decide
 
 
 def finished_memory(stack, client, n: int) -> dict:

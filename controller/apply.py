@@ -302,7 +302,7 @@ def _next_generation(
 ) -> None:
     """Record the recovery and write its generation (and the blame), in one transaction."""
     job = view.job
-    record.to_generation, record.decided_at = job.generation + 1, ctx.store.now()
+    record.to_generation = job.generation + 1
     _from_layout(record, view.asg)
     _keep(job, record)
     job.set("Recovering", True, reason, msg, ctx.now)
@@ -310,6 +310,10 @@ def _next_generation(
     quarantine.write(tx, ctx, job.id, job.generation, blame)
     event = "RecoveryStarted" if kind == "Warning" else reason
     start_generation(ctx, job, layout, view.asg, "Recovering", tx, event=(kind, event, msg))
+    # decided once the new generation is computed, so decide_s includes that work (it grows
+    # with the job: bench/scale.py); the record is written with the generation, in one commit
+    record.decided_at = ctx.store.now()
+    tx.hset(ctx.keys.job(job.id), job.fields())
     ctx.commit(tx)
     log.log(logging.WARNING if kind == "Warning" else logging.INFO, "job %s: %s", job.id, msg)
     _blamed_left(ctx, job.id, record, {r.wid for r in layout.ranks} | set(layout.spares))
