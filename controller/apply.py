@@ -209,12 +209,13 @@ def start_generation(
     )
     tx.hset(k.job(job.id), job.fields())
     tx.delete(k.job_assignment(job.id)).hset(k.job_assignment(job.id), asg.to_fields())
+    held = set(old.workers) if old else set()
     for wid in asg.workers:
         role = "rank" if wid in asg.rank_workers else "spare"
         tx.delete(k.worker_assignment(wid))
         tx.hset(k.worker_assignment(wid), {"job": job.id, "generation": gen, "role": role})
         tx.publish(k.worker_assignment(wid), job.id)
-        if old is None or wid not in old.workers:  # the others hold the grant already
+        if wid not in held:  # the others hold the grant already
             tx.assigned[wid] = job.id
     kept = set(asg.workers)
     for wid in old.workers if old else []:
@@ -238,12 +239,15 @@ def dp_labels(old: Assignment | None, layout: Layout) -> list[int] | None:
     None (0, 1, ...) for a first placement or a re-planned pp or tp: a new layout altogether."""
     if old is None or old.shape.pp != layout.shape.pp or old.shape.tp != layout.shape.tp:
         return None
-    was = {(r.wid, r.local_rank, r.coord.pp, r.coord.tp): old.labels[r.coord.dp] for r in old.ranks}
+    old_labels = old.labels
+    was = {(r.wid, r.local_rank, r.coord.pp, r.coord.tp): old_labels[r.coord.dp] for r in old.ranks}
     found: dict[int, int] = {}
+    taken: set[int] = set()  # found's labels: a set, as a 16k-replica recovery asks per rank
     for r in layout.ranks:
         label = was.get((r.wid, r.local_rank, r.coord.pp, r.coord.tp))
-        if label is not None and label not in found.values():
-            found.setdefault(r.coord.dp, label)
+        if label is not None and label not in taken and r.coord.dp not in found:
+            found[r.coord.dp] = label
+            taken.add(label)
     if layout.shape.dp == old.shape.dp:
         found = dict(enumerate(old.labels)) | found
     free = iter(sorted(set(range(layout.shape.dp + len(old.labels))) - set(found.values())))

@@ -73,8 +73,9 @@ class Assignment:
     # the place it was submitted at (controller/apply.py `dp_labels`).
     dp_labels: list[int] | None = None
 
-    @property
+    @functools.cached_property
     def labels(self) -> list[int]:
+        """Each replica's submitted dp index, by its dp here; built once (read per rank)."""
         return self.dp_labels or list(range(self.shape.dp))
 
     def effective_spec(self, spec: dict) -> dict:
