@@ -93,9 +93,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _layout(p: api.PlanDoc) -> str:
     sched = f" {p.pp_schedule}" if p.pp > 1 else ""
     sched += f"/v{p.virtual_stages}" if p.virtual_stages > 1 else ""
-    return f"dp{p.dp} pp{p.pp} tp{p.tp} zero{p.zero} M{p.microbatches}{sched}" + (
-        " AC" if p.activation_checkpointing else ""
-    )
+    ac = {True: " AC", "selective": " SAC"}.get(p.activation_checkpointing, "")
+    return f"dp{p.dp} pp{p.pp} tp{p.tp} zero{p.zero} M{p.microbatches}{sched}{ac}"
 
 
 def plans_table(result: api.PlanResult, top: int) -> Table:

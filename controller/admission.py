@@ -161,8 +161,12 @@ def capacity_problems(spec: JobSpec, pool: list[PoolWorker]) -> list[Problem]:
         if p.zero != 3:
             hint.append("use parallel.zero: 3")
         hint.append("raise parallel.dp (ZeRO shards the optimizer over it)")
-        if not p.activation_checkpointing and need.activations > state:
-            hint.append("set parallel.activation_checkpointing: true")
+        if p.activation_checkpointing is not True and need.activations > state:
+            hint.append(
+                'set parallel.activation_checkpointing: "selective" (or true, the least memory)'
+                if not p.activation_checkpointing
+                else "set parallel.activation_checkpointing: true (the least memory)"
+            )
         return [
             Problem(
                 model_field,

@@ -302,7 +302,7 @@ class PlanDoc(Doc):
     microbatches: int
     virtual_stages: int
     pp_schedule: str
-    activation_checkpointing: bool
+    activation_checkpointing: bool | str
     memory_per_rank_bytes: int
     step_time_s: float
     bubble: float

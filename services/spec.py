@@ -102,7 +102,15 @@ class ParallelSpec(Strict):
     pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
     virtual_stages: int = Field(default=1, ge=1, le=64)
     microbatches: int = Field(default=1, ge=1, le=4096)
-    activation_checkpointing: bool = False
+    activation_checkpointing: Literal[False, True, "selective"] = Field(
+        default=False,
+        description="Recompute activations in backward instead of holding them: true "
+        "recomputes each block whole from its input (the least memory, about a third more "
+        'compute); "selective" keeps the outputs of every matmul, attention and TP '
+        "collective and recomputes only the cheap operations between them (norms, RoPE, SiLU, "
+        "products: about half a block's activations for a few percent of its time, "
+        "torchtitan's op-level SAC); false holds everything.",
+    )
     precision: Literal["fp32", "bf16"] = Field(
         default="fp32",
         description="Compute precision. bf16: forward and backward in bf16, with fp32 master "

@@ -14,7 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.planner.layout import Cluster, Layout
-from services.planner.memory import LOGITS_B, act_bytes, layer_params, vocab_sharded
+from services.planner.memory import (
+    LOGITS_B,
+    act_bytes,
+    layer_activations,
+    layer_params,
+    selective_activations,
+    vocab_sharded,
+)
 from services.spec import JobSpec
 
 # ops one block runs per microbatch: forward; backward runs about twice as many
@@ -83,7 +90,13 @@ def step_cost(spec: JobSpec, layout: Layout, cluster: Cluster) -> StepCost:
     attn = 2 * b * s * s * q / flops  # causal SDPA: half of QK^T and PV
     block_fwd = gemm(d, q) + 2 * gemm(d, kv) + gemm(q, d) + 2 * gemm(d, f // tp) + gemm(f // tp, d)
     block_fwd += attn + OPS_PER_BLOCK * dev.op_overhead_s
-    recompute = block_fwd if layout.activation_checkpointing else 0.0
+    if layout.activation_checkpointing == "selective":
+        # the memory-bound operations between the kept matmul outputs, run again: what
+        # they write, at the device's bandwidth, and their launches
+        redone = layer_activations(spec, tp, tokens) - selective_activations(spec, tp, tokens)
+        recompute = redone / dev.memory_bw + OPS_PER_BLOCK * dev.op_overhead_s
+    else:
+        recompute = block_fwd if layout.activation_checkpointing else 0.0
     block = 3 * block_fwd + recompute  # backward costs two forwards
 
     tp_bw, tp_lat = cluster.link(tp)

@@ -22,7 +22,7 @@ class Layout:
     zero: int
     microbatches: int
     virtual_stages: int
-    activation_checkpointing: bool
+    activation_checkpointing: bool | str  # True: whole blocks; "selective": SAC (spec.py)
     pp_schedule: str
 
     @property
@@ -52,7 +52,7 @@ class Layout:
             sched = f" {self.pp_schedule}" + (
                 f"/v{self.virtual_stages}" if self.virtual_stages > 1 else ""
             )
-        ac = " AC" if self.activation_checkpointing else ""
+        ac = {True: " AC", "selective": " SAC"}.get(self.activation_checkpointing, "")
         return (
             f"DP{self.dp} PP{self.pp} TP{self.tp} zero{self.zero} M{self.microbatches}{sched}{ac}"
         )

@@ -75,6 +75,18 @@ def layer_activations(spec: JobSpec, tp: int, tokens: int) -> int:
     return int(tokens * ((attention + 4 * f) / tp + norms) * act_bytes(spec))
 
 
+def selective_activations(spec: JobSpec, tp: int, tokens: int) -> int:
+    """Bytes one block keeps under selective AC (worker/trainer/activation_checkpoint.py): the
+    outputs of its matmuls and of attention, the ones recomputing would cost most. Per token
+    q, k and v, the attention output (2 q_width + 2 kv_width), the gate and up projections
+    (2 ffn), split over tp; the two output projections and the block's input (3 d, split over
+    tp only under sequence parallelism, whose reduce-scatters they then are)."""
+    m = spec.model
+    seq_split = tp if spec.parallel.sequence_parallel and tp > 1 else 1
+    matmuls = (2 * m.q_width + 2 * m.kv_width + 2 * m.ffn) / tp + 3 * m.d_model / seq_split
+    return int(tokens * matmuls * act_bytes(spec))
+
+
 def in_flight(layout: Layout, position: str, layers: int) -> float:
     """Block-microbatches whose activations a pipeline rank holds at its peak.
     GPipe runs every forward first; 1F1B keeps pp - r; interleaved 1F1B keeps
@@ -129,7 +141,9 @@ def memory_at(spec: JobSpec, layout: Layout, cluster: Cluster, position: str) ->
         gathered = local * 2 if compute_b == 2 else 0  # bf16 compute copies of the weights
     tokens = (t.global_batch // (dp * layout.microbatches)) * m.seq_len
     per_block = layer_activations(spec, tp, tokens)
-    if layout.activation_checkpointing:
+    if layout.activation_checkpointing == "selective":
+        saved = selective_activations(spec, tp, tokens)
+    elif layout.activation_checkpointing:
         shard_seq = tp if spec.parallel.sequence_parallel and tp > 1 else 1
         saved = tokens * m.d_model * compute_b // shard_seq  # each block's input only
     else:

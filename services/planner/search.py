@@ -178,7 +178,7 @@ def candidates(spec: JobSpec, cluster: Cluster) -> Iterator[Layout]:
                         continue
                     for sched, v in _schedules(pp, mb, m.layers // pp):
                         for zero in (0, 2, 3) if dp > 1 else (0,):
-                            for ac in (False, True):
+                            for ac in (False, "selective", True):
                                 yield Layout(dp, pp, tp, zero, mb, v, ac, sched)
 
 

@@ -5,8 +5,8 @@ whole model's values under the same names (the multi-rank layouts: test_parity.p
 import torch
 
 from services.spec import ModelSpec, ParallelSpec
+from worker.trainer.activation_checkpoint import apply_ac
 from worker.trainer.model import build_model
-from worker.trainer.parallel import apply_ac
 from worker.trainer.pipeline import split_stages
 
 CFG = ModelSpec(preset="tiny")
@@ -16,7 +16,7 @@ def test_meta_built_stage_matches_whole_model():
     whole = dict(build_model(CFG, seed=7).named_parameters())
     p = ParallelSpec(pp=2, microbatches=2)
     [(_, stage)] = split_stages(build_model(CFG, seed=7, device="meta"), 1, p)
-    apply_ac(stage)
+    apply_ac(stage, True)
     stage.to_empty(device="cpu")
     stage.init_weights(7)
     got = {n.replace("_checkpoint_wrapped_module.", ""): t for n, t in stage.named_parameters()}

@@ -45,6 +45,8 @@ LAYOUTS = {
     "dp2-zero0": {"dp": 2, "zero": 0},
     "dp2-zero2": {"dp": 2, "zero": 2},
     "dp2-zero3-accum": {"dp": 2, "zero": 3, "microbatches": 4},
+    # selective AC keeps the sequence-parallel collectives' outputs and recomputes the rest
+    "dp2xtp2-selective-ac": {"dp": 2, "tp": 2, "activation_checkpointing": "selective"},
     "dp2xtp2-ac-vocab": {
         "dp": 2,
         "tp": 2,

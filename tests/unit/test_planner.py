@@ -94,6 +94,19 @@ def test_a_tied_head_is_planned_with_tp_and_a_pipeline_and_its_copy_counted():
     assert {p.layout.tp for p in without_loss_parallel} == {1}
 
 
+def test_8b_on_one_node_of_8_h100s_ranks_fsdp8_with_selective_ac_in_its_top_three():
+    """torchtitan's published layout for Llama 3 8B on 8 H100s: FSDP over the 8 (zero 3) with
+    selective AC; without AC that layout needs more than the 80 GB each GPU has."""
+    s = spec({"preset": "8b"}, {"precision": "bf16"}, batch=8)
+    plans = search(s, cluster("h100-80gb", 1, 8))
+    top = [
+        (p.layout.dp, p.layout.tp, p.layout.zero, p.layout.activation_checkpointing)
+        for p in plans[:3]
+    ]
+    assert (8, 1, 3, "selective") in top, [p.layout.label() for p in plans[:3]]
+    assert not any(p.layout.dp == 8 and not p.layout.activation_checkpointing for p in plans)
+
+
 def test_a_model_too_big_for_the_devices_has_no_plan():
     s = spec({"preset": "70b"}, batch=8)
     assert search(s, cluster("cpu", 2, 1, 4 * 2**30)) == []

@@ -78,7 +78,7 @@ BAD = [
     (
         with_("parallel.activation_checkpointing", "yes"),
         "parallel.activation_checkpointing",
-        "true or false",
+        "False, True or 'selective'",
     ),
     (with_("model", "tiny"), "model", "mapping of keys to values"),
     # upper bounds on every count, and on the model as a whole

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
@@ -218,12 +217,6 @@ def apply_experts(model: nn.Module, mesh: DeviceMesh, p: ParallelSpec) -> None:
         # an expert's gradient sums every EP rank's tokens; the DP reduction divides by the
         # replicas of its shard (edp) only, so 1/ep here makes it the mean over all of dp
         experts.grad_scale = 1.0 / p.ep
-
-
-def apply_ac(model: nn.Module) -> None:
-    """Recompute each block's activations in backward: memory for compute, same numerics."""
-    for key, block in list(model.layers.items()):
-        model.layers[key] = checkpoint_wrapper(block, preserve_rng_state=False)
 
 
 def apply_fsdp(

@@ -24,6 +24,7 @@ from services.records import ExpertLoad
 from services.spec import JobSpec
 from worker.hf.weights import load_into
 from worker.progress import Collectives
+from worker.trainer.activation_checkpoint import apply_ac
 from worker.trainer.data import Batches
 from worker.trainer.device_probe import device_probe
 from worker.trainer.memory import peak_mem_bytes
@@ -32,7 +33,6 @@ from worker.trainer.moe import MoE
 from worker.trainer.optim import build_optimizer, build_scheduler, clip_grad_norm
 from worker.trainer.parallel import (
     RankContext,
-    apply_ac,
     apply_experts,
     apply_fsdp,
     apply_tp,
@@ -89,7 +89,7 @@ class Trainer:
                 apply_tp(part, mesh["tp"], p)
             apply_experts(part, mesh, p)
             if p.activation_checkpointing:
-                apply_ac(part)
+                apply_ac(part, p.activation_checkpointing)
             # bf16 goes through FSDP2's mixed precision, so FSDP wraps at dp 1 too
             if p.dp > 1 or p.precision == "bf16":
                 apply_fsdp(part, mesh["dp"], p.zero, p.precision, experts_mesh)
