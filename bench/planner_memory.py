@@ -6,7 +6,7 @@ shares, worker/peak_rss.py `high_water_mark`). The planner's prediction for a ra
 position (first, last, or the only one) is compared with the largest peak measured at that
 position.
 
-    .venv/bin/python bench/planner_memory.py [--steps 3] [--preset small]
+    .venv/bin/python bench/planner_memory.py [--steps 3] [--preset small] [--layouts NAME ...]
 """
 
 import argparse
@@ -34,6 +34,7 @@ LAYOUTS = {
         "virtual_stages": 2,
     },
     "dp2-ac": {"dp": 2, "activation_checkpointing": True},
+    "dp2-sac": {"dp": 2, "activation_checkpointing": "selective"},
     "dp2xpp2xtp2": {"dp": 2, "pp": 2, "tp": 2, "microbatches": 2},
 }
 
@@ -48,11 +49,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--preset", default="small")
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS))
     args = ap.parse_args()
     where = cluster("cpu", 8, 1, 2**40)  # memory is what is measured here, not a limit
     print(f"{'layout':<18}{'rank':>6}{'predicted MiB':>15}{'measured MiB':>14}{'ratio':>7}")
     worst = 0.0
-    for name, parallel in LAYOUTS.items():
+    for name in args.layouts:
+        parallel = LAYOUTS[name]
         raw = {
             "name": "mem",
             "model": {"preset": args.preset},
