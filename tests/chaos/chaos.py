@@ -395,11 +395,11 @@ def gone(pid: int) -> bool:
     return not process_groups_alive([pid])
 
 
-def pin(pid: int, cpu: int) -> None:
-    """Every thread of `pid` onto one CPU (sched_setaffinity acts on one thread)."""
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of `pid` onto `cpus` (sched_setaffinity acts on one thread)."""
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            os.sched_setaffinity(int(task.name), {cpu})
+            os.sched_setaffinity(int(task.name), cpus)
         except (ProcessLookupError, OSError):
             pass
 
