@@ -59,6 +59,7 @@ def decide(ctx: Pass, view: JobView, seen: dict[str, float] | None) -> Decision 
     faults = (
         # before the rest: the other ranks' exits (code 4) are collateral of the corruption
         health.silent_corruption(ranks, ctx.now)
+        or health.device_errors(ranks, ctx.now)
         or health.dead_or_killed(ranks, seen, ft.dead_after_s, ctx.now)
         or aborts.blame_after_aborts(ranks, ctx.now)
         or (
@@ -69,7 +70,7 @@ def decide(ctx: Pass, view: JobView, seen: dict[str, float] | None) -> Decision 
         or health.collateral_only(ranks, ctx.now, seen)
     )
     if faults:
-        return recover(ctx, view, faults)
+        return job_fault(job, faults) or recover(ctx, view, faults)
     st = ft.straggler
     slow = health.straggler(ranks, st.slowdown, st.window_steps, ctx.now)
     if slow and (flagged := straggler(ctx, view, slow, st.action)):
@@ -114,6 +115,28 @@ def recover(ctx: Pass, view: JobView, faults: list[FaultRecord]) -> Decision:
     record.replaced = [{"old": o, "new": n} for o, n in layout.moved.items()]
     record.to_shape = [layout.shape.dp, layout.shape.pp, layout.shape.tp]
     return Recover(layout, record, REASONS[action], _message(first, action, layout), blame)
+
+
+def job_fault(job: Job, faults: list[FaultRecord]) -> Finish | None:
+    """Fail the job when a device error repeats at the same rank and step on the worker that
+    replaced the first one: two devices do not fail alike, the job's input (a token id past
+    the vocabulary's device-side assert) does, and every spare would fail the same way."""
+    last = job.recoveries[-1] if job.recoveries else None
+    if last is None or last.cause != "DeviceError":
+        return None
+    before = {(f.rank, (f.evidence or {}).get("step")): f.worker for f in last.faults}
+    for f in faults:
+        where = (f.rank, (f.evidence or {}).get("step"))
+        if f.cause == "DeviceError" and before.get(where) not in (None, f.worker):
+            return Finish(
+                "Failed",
+                "DeviceErrorRepeated",
+                f"rank {f.rank} failed with a device error during step {where[1]} on worker "
+                f"{before[where]}, and again on {f.worker}, which replaced it: the job's own "
+                f"input or model fails there, not a device ({f.detail}). Check the data at "
+                "that step (token ids below model.vocab), then resubmit",
+            )
+    return None
 
 
 def movable_on_kill(asg: Assignment, faults: list[FaultRecord]) -> set[str]:

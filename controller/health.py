@@ -29,7 +29,7 @@ import statistics
 from services.api import RankStatus
 from services.assignment import FROZEN_PROC_STATES
 from services.hang_bounds import hang_bound_s
-from services.records import FaultRecord
+from services.records import EXIT_DEVICE, FaultRecord
 
 DETERMINISTIC_EXITS = {
     2: "invalid spec or data",
@@ -207,6 +207,34 @@ def out_of_memory(ranks: list[RankStatus]) -> str | None:
                 f"parallel.tp, use parallel.zero 3, or run on workers with more memory"
             )
     return None
+
+
+def device_errors(ranks: list[RankStatus], now: float) -> list[FaultRecord]:
+    """Ranks whose trainer exited because its device failed (a CUDA error: its context is
+    lost). The device is the cause, so its worker is blamed, replaced and quarantined; the
+    other ranks' failures are collateral. `evidence` holds the failed step (the one after the
+    rank's last completed) and NVML's view of the GPU, where the agent has one."""
+    return [
+        fault(
+            "DeviceError",
+            r,
+            _num(r.exited_at, now),
+            f"device error during step {r.step + 1}; {exited(r)}"
+            + (f"; NVML: {_nvml(r.device)}" if r.device else ""),
+            {"step": r.step + 1, **({"nvml": r.device} if r.device else {})},
+        )
+        for r in ranks
+        if r.state == "failed" and r.exit_code == EXIT_DEVICE
+    ]
+
+
+def _nvml(device: dict) -> str:
+    parts = [
+        f"{k} {device[k]}"
+        for k in ("xids", "ecc_uncorrected", "remap_pending", "remap_failed", "lost", "unread")
+        if device.get(k)
+    ]
+    return ", ".join(parts) or "no Xid, ECC or row-remapping error"
 
 
 def collateral_only(

@@ -2,7 +2,8 @@
 "Failure handling").
 
 A worker blamed for a fault the cause of which points at the worker itself (a hung rank, a
-straggler, repeated collateral failures, a silent data corruption re-execution blamed on it)
+straggler, repeated collateral failures, a silent data corruption re-execution blamed on it,
+a device error)
 is kept out of the free pool for the spec's `fault_tolerance.quarantine_s`, then re-admitted
 only once its agent's health probe passed (worker/agent/probe.py). A trainer killed from
 outside (TrainerKilled) or a silent host (WorkerDead, restarted by its pool) says nothing
@@ -30,7 +31,13 @@ from services.records import FaultRecord, Quarantine
 from services.store import Keys, Store, Tx, loads
 
 log = logging.getLogger("meshkeeper.recovery")
-QUARANTINED = ("RankHung", "Straggler", "RepeatedFailures", "SilentDataCorruption")
+QUARANTINED = (
+    "RankHung",
+    "Straggler",
+    "RepeatedFailures",
+    "SilentDataCorruption",
+    "DeviceError",
+)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,9 @@ from pydantic import BaseModel, ConfigDict
 # A trainer's exit status after it stopped on request at a step boundary and committed that
 # step (suspend; worker/trainer/drain.py): the job resumes from it, so it is not a failure.
 EXIT_SUSPENDED = 6
+# A trainer's exit status after its device failed (a CUDA error; worker/trainer/device_fault.py):
+# the controller blames, replaces and quarantines its worker (controller/health.py).
+EXIT_DEVICE = 7
 
 
 class Record(BaseModel):
@@ -143,6 +146,10 @@ class RankReport(Record):
     cpu_busy: bool | None = None
     peak_rss: int | None = None  # bytes
     oom: dict[str, Any] | None = None  # set when the exit was an OOM kill
+    # what NVML said about the rank's GPU after a device error (EXIT_DEVICE): its uuid, the
+    # critical Xid events while the trainer ran, the uncorrectable ECC errors counted meanwhile,
+    # row remapping pending or failed, or that the GPU is lost (worker/agent/device_health.py)
+    device: dict[str, Any] | None = None
     # hot recovery (docs/architecture.md, "Hot recovery"): the step of the rank's newest
     # complete snapshot, and of the newest complete copy it holds for its ward (with several
     # wards, the oldest of their newest copies: every ward has at least that step)

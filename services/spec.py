@@ -421,6 +421,23 @@ class DeviceOom(Strict):
     )
 
 
+class DeviceError(Strict):
+    rank: int = Field(ge=0, description="The rank whose device fails (< dp*pp*tp).")
+    step: int = Field(
+        ge=1,
+        le=MAX_STEPS,
+        description="The step during which its trainer gets torch's AcceleratorError, the "
+        "error a CUDA fault (an illegal address, an uncorrectable ECC error) raises "
+        "(<= train.steps).",
+    )
+    repeat: bool = Field(
+        default=False,
+        description="Raise it again in every later generation, at the same step on whichever "
+        "worker then holds the rank, as a fault of the job's own (a token id past the "
+        "vocabulary's device-side assert) would; false: once, as a failing GPU would.",
+    )
+
+
 class ChaosSpec(Strict):
     """Fault injection for testing detection; admitted only by a controller started with
     --allow-chaos and only from an admin token (docs/security.md, "Fault injection")."""
@@ -443,6 +460,11 @@ class ChaosSpec(Strict):
         description="Make a rank's device allocator fail for real at a chosen step, as an "
         "oversized batch or model would (torch.OutOfMemoryError on a GPU, the CPU allocator's "
         "error on a CPU).",
+    )
+    device_error: list[DeviceError] = Field(
+        default=[],
+        max_length=64,
+        description="Make a rank's trainer fail with a device error at a chosen step.",
     )
     save_delay_s: float = Field(
         default=0.0,
@@ -703,7 +725,7 @@ def chaos_problems(s: JobSpec) -> list[Problem]:
         return []
     p, steps = s.parallel, s.train.steps
     out: list[Problem] = []
-    for name in ("bitflip", "memory_limit", "device_oom"):
+    for name in ("bitflip", "memory_limit", "device_oom", "device_error"):
         if p.auto and getattr(s.chaos, name):
             out.append(
                 Problem(
@@ -717,7 +739,7 @@ def chaos_problems(s: JobSpec) -> list[Problem]:
     for i, flip in enumerate(s.chaos.bitflip):
         if flip.tensor == "compute":
             out += _compute_fault_problems(s, i, flip)
-    for name in ("bitflip", "device_oom"):
+    for name in ("bitflip", "device_oom", "device_error"):
         for i, fault in enumerate(getattr(s.chaos, name)):
             out += _rank_problems(f"chaos.{name}[{i}].rank", fault.rank, p)
             if fault.step > steps:

@@ -109,12 +109,13 @@ def test_a_memory_limit_names_a_rank_the_job_has():
     assert "chaos.memory_limit[0].mib" in got, got
 
 
-def test_a_device_oom_names_a_rank_and_a_step_the_job_has():
-    s = parse_spec({**GOOD, "chaos": {"device_oom": [{"rank": 3, "step": 20}]}})
-    assert [(f.rank, f.step) for f in s.chaos.device_oom] == [(3, 20)]
-    got = problems({**GOOD, "chaos": {"device_oom": [{"rank": 4, "step": 21}]}})
-    assert "choose a rank below 4" in got["chaos.device_oom[0].rank"], got
-    assert "choose a step from 1 to 20" in got["chaos.device_oom[0].step"], got
+@pytest.mark.parametrize("name", ["device_oom", "device_error"])
+def test_a_device_fault_names_a_rank_and_a_step_the_job_has(name):
+    s = parse_spec({**GOOD, "chaos": {name: [{"rank": 3, "step": 20}]}})
+    assert [(f.rank, f.step) for f in getattr(s.chaos, name)] == [(3, 20)]
+    got = problems({**GOOD, "chaos": {name: [{"rank": 4, "step": 21}]}})
+    assert "choose a rank below 4" in got[f"chaos.{name}[0].rank"], got
+    assert "choose a step from 1 to 20" in got[f"chaos.{name}[0].step"], got
 
 
 def test_bit_flips_need_a_fixed_layout():

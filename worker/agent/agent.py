@@ -35,10 +35,11 @@ from services.dataset_admission import check_dataset
 from services.paths import SNAPSHOT_ROOT as DEFAULT_SNAPSHOT_ROOT
 from services.paths import confine_spec
 from services.procs import stop_all
-from services.records import EXIT_SUSPENDED, RankReport
+from services.records import EXIT_DEVICE, EXIT_SUSPENDED, RankReport
 from services.spec import SpecError, parse_spec
 from services.store import Store, loads
 from worker.agent import reverse_dns
+from worker.agent.device_health import DeviceHealth
 from worker.agent.gloo_interface import gloo_env
 from worker.agent.heartbeat import Heartbeat
 from worker.agent.launcher import Launcher
@@ -52,7 +53,7 @@ from worker.agent.retry import Outage
 from worker.agent.run_dirs import prune_run_dirs
 from worker.agent.zygote import MEMORY_GROUP_ENV
 from worker.ckpt_store import Pointer, remove_checkpoints
-from worker.devices import device_indices
+from worker.devices import device_indices, discover
 from worker.handoff_order import Order
 from worker.snapshots import SnapshotPlan, prune_generations, remove_tree
 
@@ -141,6 +142,7 @@ class Agent:
         self.prober = Prober(
             store, cfg.wid, self._child_env(), cfg.run_dir, self._now
         )  # quarantine exit
+        self.devices = DeviceHealth([])  # NVML's watch over the GPUs: opened in run_forever
         self._stop = threading.Event()
         self._pubsub = None
         self._reread_at = 0.0
@@ -191,6 +193,7 @@ class Agent:
             "forked from a zygote" if self.launcher.warm else "started cold",
         )
         reverse_dns.check_in_background(self.cfg.address)
+        self.devices = DeviceHealth(discover())
         redis_outage = Outage(
             redis.RedisError,
             2.0,
@@ -689,6 +692,8 @@ class Agent:
                     self._outbox.append((run.job, run.generation, line))
             if code is not None:
                 state = {0: "succeeded", EXIT_SUSPENDED: "suspended"}.get(code, "failed")
+                if code == EXIT_DEVICE:
+                    p.device = self.devices.evidence(int(p.env["LOCAL_RANK"]))
                 p.ended(code, state, self._now())
                 self._dirty = self._exited = True
                 self._event(
@@ -830,6 +835,7 @@ class Agent:
         self._stop_kept()
         self.launcher.close()
         self.prober.close()
+        self.devices.close()
         self.heartbeat.stop()
         self._close_pubsub()
         try:

@@ -55,6 +55,7 @@ class RankProcess:
     busy: bool | None = None  # burned most of a core over the last BUSY_WINDOW_S
     memory: MemoryWatch = field(default_factory=MemoryWatch)
     oom: dict[str, Any] | None = None  # set once, when the exit is classified as an OOM kill
+    device: dict[str, Any] | None = None  # NVML's view of its GPU after a device error
     error: str | None = None  # a failed trainer's last words: the tail of its log
     # how it was started, for a fresh start when a kept process does not take its order
     argv: list[str] = field(default_factory=list)
@@ -179,6 +180,7 @@ class RankProcess:
             cpu_busy=self.busy,
             peak_rss=self.memory.peak or None,
             oom=self.oom,
+            device=self.device,
         )
 
 

@@ -15,6 +15,10 @@ flips one activation of its first pass, as a transient fault in the device's ari
 generation: an oversized batch or model fails again after any restart, and the controller must
 tell that from a fault a restart cures (worker/trainer/oom.py).
 
+`chaos.device_error` raises torch's own AcceleratorError during a chosen step, the error a
+CUDA fault raises: once, in the first generation, as a failing GPU would; with `repeat`, in
+every generation, as a fault of the job's own would (worker/trainer/device_fault.py).
+
 `chaos.min_step_s` is no fault: it paces the steps (`StepFloor`), so a job lasts past the
 faults injected around it whatever the machine's speed.
 """
@@ -28,7 +32,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from services.spec import BitFlip, DeviceOom
+from services.spec import BitFlip, DeviceError, DeviceOom
 from worker.trainer.oom import device_bytes
 from worker.trainer.snapshot_state import _local
 
@@ -111,6 +115,18 @@ class DeviceOoms:
         if step in self.steps:
             too_many = 4 * device_bytes(self.device) + 2**40
             torch.empty(too_many, dtype=torch.uint8, device=self.device)
+
+
+class DeviceErrors:
+    def __init__(self, faults: list[DeviceError], rank: int, generation: int):
+        self.steps = {f.step for f in faults if f.rank == rank and (f.repeat or generation <= 1)}
+
+    def during(self, step: int) -> None:
+        if step in self.steps:
+            raise torch.AcceleratorError(
+                f"CUDA error: an illegal memory access was encountered (chaos.device_error at "
+                f"step {step})"
+            )
 
 
 class StepFloor:

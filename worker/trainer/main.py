@@ -7,8 +7,9 @@ Without them it runs as a single process.
 Exit codes the controller reads as deterministic failures (a restart would repeat them;
 docs/architecture.md, "Failure handling"): 2 for a spec, data or checkpoint that cannot be
 used as given, 3 for a non-finite loss or gradient, 5 for an allocator out of memory
-(worker/trainer/oom.py; the job fails with reason OutOfMemory). Exit code 4: silent data
-corruption, found by DP replicas whose state disagreed (worker/trainer/sdc.py) or by a
+(worker/trainer/oom.py; the job fails with reason OutOfMemory). Exit code 7: a device error
+(worker/trainer/device_fault.py; its worker is replaced and quarantined). Exit code 4: silent
+data corruption, found by DP replicas whose state disagreed (worker/trainer/sdc.py) or by a
 re-executed microbatch that differed (worker/trainer/spot_check.py); the evidence is the
 metrics file's `sdc` line, and the controller replaces the blamed rank's worker and rolls
 back.
@@ -34,7 +35,7 @@ import torch.distributed as dist
 from dataset.format import DatasetError, content_id, read_manifest
 from services.hang_bounds import collective_timeout_s
 from services.procs import write_output_to
-from services.records import EXIT_SUSPENDED
+from services.records import EXIT_DEVICE, EXIT_SUSPENDED
 from services.spec import JobSpec, SpecError, check_world_size, load_spec
 from worker.ckpt_store import CheckpointStore, DamagedCheckpoint, read_history
 from worker.handoff_order import Order
@@ -45,8 +46,9 @@ from worker.progress import Collectives, counters_path
 from worker.snapshots import SnapshotPlan
 from worker.trainer.anomaly import AnomalyWatch
 from worker.trainer.at_rest import AtRestCheck
-from worker.trainer.chaos import BitFlips, DeviceOoms, StepFloor
+from worker.trainer.chaos import BitFlips, DeviceErrors, DeviceOoms, StepFloor
 from worker.trainer.checkpoint import Checkpointer, restored_line
+from worker.trainer.device_fault import DeviceFault, explain_fault, is_device_fault
 from worker.trainer.distributed import hold_timeouts, init_distributed, shutdown_distributed
 from worker.trainer.drain import Drain
 from worker.trainer.handoff import Handoff, abort_connections
@@ -425,6 +427,11 @@ def run(args: argparse.Namespace, restartable: bool = False) -> int:
             if spec.chaos and spec.chaos.device_oom
             else None
         )
+        device_errors = (
+            DeviceErrors(spec.chaos.device_error, rank, args.generation)
+            if spec.chaos and spec.chaos.device_error
+            else None
+        )
         paced = spec.chaos is not None and spec.chaos.min_step_s is not None
         pace = StepFloor(spec.chaos.min_step_s) if paced else None
         spot = SpotCheck(spec, trainer, flips) if SpotCheck.applies(spec) else None
@@ -449,6 +456,8 @@ def run(args: argparse.Namespace, restartable: bool = False) -> int:
                 flips.before_update(step)
             if ooms:
                 ooms.during(step)
+            if device_errors:
+                device_errors.during(step)
 
         def settle(step: int, checked: bool) -> None:
             """Check the state after `step` when due, then snapshot it; the start state too,
@@ -596,6 +605,8 @@ def run(args: argparse.Namespace, restartable: bool = False) -> int:
             unwind.close()
         if is_out_of_memory(e):
             raise explain(e, spec, device) from e
+        if is_device_fault(e):
+            raise explain_fault(e, device) from e
         raise
     finally:
         shutdown_distributed(quiesce)
@@ -663,6 +674,9 @@ def run_guarded(args: argparse.Namespace, handoff: Handoff | None) -> int | str:
     except OutOfMemory as e:
         print(f"meshkeeper: {e}", file=sys.stderr)
         return EXIT_OOM
+    except DeviceFault as e:  # never kept for the next generation: its CUDA context is lost
+        print(f"meshkeeper: {e}", file=sys.stderr)
+        return EXIT_DEVICE
     except NonFiniteError as e:
         print(f"meshkeeper: training stopped: {e}", file=sys.stderr)
         return 3
