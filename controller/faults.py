@@ -67,8 +67,10 @@ def decide(ctx: Pass, view: JobView, seen: dict[str, float] | None) -> Decision 
             if seen is not None
             else []
         )
-        or health.collateral_only(ranks, ctx.now, seen)
     )
+    if not faults and aborts.settling(ranks, ctx.now):
+        return None  # the live ranks' watchdogs are about to abort them, with their dumps
+    faults = faults or health.collateral_only(ranks, ctx.now, seen)
     if faults:
         return job_fault(job, faults) or recover(ctx, view, faults)
     st = ft.straggler

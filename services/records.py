@@ -150,6 +150,10 @@ class RankReport(Record):
     # critical Xid events while the trainer ran, the uncorrectable ECC errors counted meanwhile,
     # row remapping pending or failed, or that the GPU is lost (worker/agent/device_health.py)
     device: dict[str, Any] | None = None
+    # the flight recorder's dump of a rank the NCCL watchdog aborted, per process group (its
+    # name): the last collective that completed, the first that did not with its state
+    # (scheduled: queued by the host; started: its kernel ran), worker/flight_record.py
+    flight: dict[str, Any] | None = None
     # hot recovery (docs/architecture.md, "Hot recovery"): the step of the rank's newest
     # complete snapshot, and of the newest complete copy it holds for its ward (with several
     # wards, the oldest of their newest copies: every ward has at least that step)

@@ -5,10 +5,12 @@ timeout, the device index checked against the GPUs a process sees, and the clock
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
+from services.hang_bounds import collective_timeout_s, hang_bound_s
 from worker.trainer.distributed import cuda_device, nccl_environment
 from worker.trainer.timing import CpuClock, step_clock
 
@@ -32,6 +34,25 @@ def test_the_watchdog_monitor_fires_only_after_twice_the_collective_timeout():
         "1",
         "121",
     )
+
+
+def test_the_flight_recorder_dumps_into_the_run_directory_on_a_timeout():
+    env = nccl_environment(60.0, {"TORCH_FR_BUFFER_SIZE": "500"}, Path("/run/g3/flight-rank"))
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == "/run/g3/flight-rank"
+    assert env["TORCH_FR_BUFFER_SIZE"] == env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "500"
+
+
+@pytest.mark.parametrize("hang_after_s", [2.5, 10.0, 60.0, 600.0])
+def test_the_abort_after_the_dump_lands_before_the_controllers_bound(hang_after_s):
+    # the watchdog sleeps 4 x the dump wait between the timeout and the abort (torch's
+    # ProcessGroupNCCL watchdog loop); at torch's default wait (15 s) that is 60 s
+    params = 10**9
+    timeout = collective_timeout_s(hang_after_s, cuda=True, stepping=True, params=params)
+    env = nccl_environment(timeout, {})
+    abort_at = timeout + 4 * int(env["TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC"]) / 1000
+    assert abort_at < hang_bound_s(hang_after_s, stepping=True, params=params), env
 
 
 def test_the_device_is_the_local_rank_among_the_visible_gpus():

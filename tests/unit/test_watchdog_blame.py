@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 
 from controller import health
-from controller.aborts import blame_after_aborts
+from controller.aborts import ABORT_SETTLE_S, blame_after_aborts, settling
 from services.api import RankStatus
 
 NOW = 1000.0
@@ -114,3 +114,61 @@ def test_collateral_restarts_once_every_worker_beat_after_the_failure():
     seen = {"w0": NOW - 0.1, "w1": NOW - 0.2}
     faults = health.collateral_only(failed_and_silent_peer(), NOW, seen)
     assert [(f.cause, f.rank) for f in faults] == [("TrainerFailed", 0)]
+
+
+# -- every rank aborted: the flight recorder's dumps (worker/flight_record.py) -----------------
+def dumped(n: int, completed: int, pending: int | None, state: str | None) -> RankStatus:
+    entry = {"desc": "mesh_dp", "completed": completed, "pending": pending, "state": state}
+    return rank(
+        n,
+        25,
+        24,
+        state="failed",
+        exit_code=ABRT,
+        exited_at=NOW - 1,
+        flight={"4": {**entry, "op": "nccl:all_reduce"}},
+    )
+
+
+def test_a_rank_whose_next_collective_never_started_on_its_device_is_blamed():
+    # a GPU stuck in a kernel: its host queued collective 41 as its peers' hosts did (same
+    # counts), but only the peers' kernels started, waiting for it
+    ranks = [
+        dumped(0, 40, 41, "started"),
+        dumped(1, 40, 41, "scheduled"),
+        dumped(2, 40, 41, "started"),
+    ]
+    faults = blame_after_aborts(ranks, NOW)
+    assert [(f.cause, f.rank) for f in faults] == [("RankHung", 1)]
+    assert faults[0].detail.startswith(
+        "flight recorder, process group 4 (mesh_dp): it completed collective #40, #41 "
+        "(nccl:all_reduce) scheduled; rank 0 completed collective #40, #41 (nccl:all_reduce) "
+        "started; the NCCL watchdog aborted rank(s) [0, 1, 2]"
+    ), faults[0].detail
+
+
+def test_the_rank_with_the_lowest_completed_sequence_is_blamed():
+    ranks = [
+        dumped(0, 41, 42, "started"),
+        dumped(1, 40, 41, "started"),
+        dumped(2, 41, 42, "started"),
+    ]
+    assert blamed(ranks) == [("RankHung", 1)]
+
+
+def test_dumps_that_agree_blame_nobody():
+    ranks = [dumped(0, 40, 41, "started"), dumped(1, 40, 41, "started")]
+    assert blamed(ranks) == []
+
+
+def test_a_group_with_one_dump_tells_nothing():
+    ranks = [dumped(0, 40, 41, "started"), aborted(1, 25, 24)]
+    assert blamed(ranks) == []
+
+
+def test_the_controller_waits_a_bounded_time_for_the_rest_of_the_aborts():
+    live = rank(1, 25, 24)
+    assert settling([aborted(0, 25, 24), live], NOW)  # aborted 1 s ago
+    late = rank(0, 25, 24, state="failed", exit_code=ABRT, exited_at=NOW - ABORT_SETTLE_S - 0.1)
+    assert not settling([late, live], NOW)
+    assert not settling([aborted(0, 25, 24), aborted(1, 25, 24)], NOW)  # nobody left to abort

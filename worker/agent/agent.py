@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import select
+import signal
 import socket
 import sys
 import threading
@@ -38,6 +39,7 @@ from services.procs import stop_all
 from services.records import EXIT_DEVICE, EXIT_SUSPENDED, RankReport
 from services.spec import SpecError, parse_spec
 from services.store import Store, loads
+from worker import flight_record
 from worker.agent import reverse_dns
 from worker.agent.device_health import DeviceHealth
 from worker.agent.gloo_interface import gloo_env
@@ -694,6 +696,8 @@ class Agent:
                 state = {0: "succeeded", EXIT_SUSPENDED: "suspended"}.get(code, "failed")
                 if code == EXIT_DEVICE:
                     p.device = self.devices.evidence(int(p.env["LOCAL_RANK"]))
+                if code == -signal.SIGABRT:  # NCCL's watchdog: its flight recorder dumped first
+                    p.flight = flight_record.summarize(flight_record.dump_path(p.metrics, p.rank))
                 p.ended(code, state, self._now())
                 self._dirty = self._exited = True
                 self._event(

@@ -56,6 +56,7 @@ class RankProcess:
     memory: MemoryWatch = field(default_factory=MemoryWatch)
     oom: dict[str, Any] | None = None  # set once, when the exit is classified as an OOM kill
     device: dict[str, Any] | None = None  # NVML's view of its GPU after a device error
+    flight: dict[str, Any] | None = None  # its flight recorder's dump after a watchdog abort
     error: str | None = None  # a failed trainer's last words: the tail of its log
     # how it was started, for a fresh start when a kept process does not take its order
     argv: list[str] = field(default_factory=list)
@@ -181,6 +182,7 @@ class RankProcess:
             peak_rss=self.memory.peak or None,
             oom=self.oom,
             device=self.device,
+            flight=self.flight,
         )
 
 

@@ -20,7 +20,16 @@ variables (docs: torch_nccl_environment_variables):
 - TORCH_NCCL_ENABLE_MONITORING=1 with TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC at twice the timeout:
   the monitor thread kills the process only when the watchdog itself is stuck (in a CUDA or
   NCCL call); later than the watchdog's own timeout, so a plain hang is always reported by the
-  watchdog first, and within the controller's bound for independent hangs (2 x hang_after_s).
+  watchdog first, and within the controller's bound for independent hangs (2 x hang_after_s);
+- the flight recorder (worker/flight_record.py): TORCH_FR_BUFFER_SIZE entries (2000, torch's
+  default, unless the operator set it; TORCH_NCCL_TRACE_BUFFER_SIZE, its older name, alike),
+  TORCH_NCCL_DUMP_ON_TIMEOUT=1, and the dump written into the rank's run directory
+  (TORCH_FR_DUMP_TEMP_FILE, and TORCH_NCCL_DEBUG_INFO_TEMP_FILE, its older name), where its
+  agent reads it after the abort;
+- TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC at an eighth of the timeout, at most 1 s: on a timeout the
+  watchdog sleeps four times this before it aborts, so every rank's monitor (polling the
+  store's dump signal each second) has written its dump. torch's default, 15 s, would hold the
+  abort 60 s past the timeout, past the controller's bound, which then calls a blameless stall.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import os
 import socket
 from collections.abc import Mapping
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -39,8 +49,9 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_f
 from services.procs import free_port
 
 
-def init_distributed(timeout_s: float) -> tuple[int, int, torch.device]:
-    """(rank, world size, device). Without RANK in the environment: a one-rank world."""
+def init_distributed(timeout_s: float, flight: Path | None = None) -> tuple[int, int, torch.device]:
+    """(rank, world size, device). Without RANK in the environment: a one-rank world.
+    `flight`: where NCCL's flight recorder dumps (nccl_environment)."""
     if "RANK" not in os.environ:  # a plain single-process run
         os.environ.update(
             RANK="0",
@@ -56,7 +67,7 @@ def init_distributed(timeout_s: float) -> tuple[int, int, torch.device]:
         device = bind = cuda_device(int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count())
         torch.cuda.set_device(device)
         backend = "cuda:nccl,cpu:gloo"
-        os.environ.update(nccl_environment(timeout_s, os.environ))
+        os.environ.update(nccl_environment(timeout_s, os.environ, flight))
     else:
         device = torch.device("cpu")
         backend = "gloo"
@@ -112,14 +123,28 @@ def cuda_device(local_rank: int, visible: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def nccl_environment(timeout_s: float, environ: Mapping[str, str]) -> dict[str, str]:
+def nccl_environment(
+    timeout_s: float, environ: Mapping[str, str], flight: Path | None = None
+) -> dict[str, str]:
     """The ProcessGroupNCCL variables to set before the group is created (see the module
-    docstring for why each); an operator's own TORCH_NCCL_ASYNC_ERROR_HANDLING is kept."""
+    docstring for why each); an operator's own TORCH_NCCL_ASYNC_ERROR_HANDLING and flight
+    recorder size are kept. `flight`: where the flight recorder's dump goes (torch appends the
+    global rank); None leaves torch's default place."""
+    entries = environ.get("TORCH_FR_BUFFER_SIZE", environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE"))
     return {
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"),
         "TORCH_NCCL_BLOCKING_WAIT": "0",
         "TORCH_NCCL_ENABLE_MONITORING": "1",
         "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(math.ceil(2 * timeout_s)),
+        "TORCH_FR_BUFFER_SIZE": entries or "2000",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": entries or "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": str(max(1, min(1000, int(timeout_s * 1000 / 8)))),
+        **(
+            {"TORCH_FR_DUMP_TEMP_FILE": str(flight), "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(flight)}
+            if flight
+            else {}
+        ),
     }
 
 

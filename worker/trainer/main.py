@@ -38,6 +38,7 @@ from services.procs import write_output_to
 from services.records import EXIT_DEVICE, EXIT_SUSPENDED
 from services.spec import JobSpec, SpecError, check_world_size, load_spec
 from worker.ckpt_store import CheckpointStore, DamagedCheckpoint, read_history
+from worker.flight_record import dump_prefix
 from worker.handoff_order import Order
 from worker.hf.export import ExportError, export_in_place
 from worker.hf.weights import WeightsError
@@ -336,7 +337,9 @@ def run(args: argparse.Namespace, restartable: bool = False) -> int:
     timeout_s = collective_timeout_s(
         hang_after_s, torch.cuda.is_available(), stepping=False, params=spec.model.params
     )
-    rank, world, device = init_distributed(timeout_s=timeout_s)
+    # NCCL's flight recorder dumps beside the metrics file, where the agent reads it
+    flight = dump_prefix(Path(args.metrics_out)) if args.metrics_out else None
+    rank, world, device = init_distributed(timeout_s=timeout_s, flight=flight)
     world_at = time.time()  # the store met and the world group formed (bench/recovery_scale.py)
     quiesce = True
     # what a failed generation stops before this process takes the next (handoff.py): no
