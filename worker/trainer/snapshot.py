@@ -63,6 +63,7 @@ from worker.snapshots import (
     stamp,
     write_manifest,
 )
+from worker.trainer.shm_headroom import check_room, headroom_for
 from worker.trainer.snapshot_grads import GradSlot, GradSlots, reduce_into
 from worker.trainer.snapshot_state import (
     Captured,
@@ -121,10 +122,12 @@ def host_unlocked(image: torch.Tensor) -> None:
     unpin_memory(image.data_ptr())
 
 
-def allocate(path: Path, start: int, end: int) -> None:
+def allocate(path: Path, start: int, end: int, headroom: int = 0) -> None:
     """Give bytes [start, end) of `path` their memory now. A write to a sparse page of a
     mapped file that /dev/shm has no room for is a SIGBUS, which kills the trainer; this is
-    an OSError (ENOSPC) instead, which fails one snapshot and training goes on."""
+    an OSError (ENOSPC) instead, which fails one snapshot and training goes on. `headroom`:
+    bytes that must stay free after it (NCCL's, worker/trainer/shm_headroom.py)."""
+    check_room(path, end - start, headroom)
     fd = os.open(path, os.O_RDWR)
     try:
         os.posix_fallocate(fd, start, end - start)
@@ -150,9 +153,16 @@ class Ring:
     newer checked one lands, so a rollback always finds a clean state (worker/trainer/sdc.py)."""
 
     def __init__(
-        self, d: Path, keep: int, pin: bool = False, prefix: str = "slot", page_lock: bool = False
+        self,
+        d: Path,
+        keep: int,
+        pin: bool = False,
+        prefix: str = "slot",
+        page_lock: bool = False,
+        headroom: int = 0,
     ):
         self.d, self.size, self.next, self.prefix = d, keep + int(pin), 0, prefix
+        self.headroom = headroom  # bytes its file system keeps free (shm_headroom.py)
         self.maps: dict[Path, torch.Tensor] = {}
         # `page_lock` (a GPU rank's own whole snapshots): each slot's mapping is registered
         # with CUDA once it has all its memory (`host_locked`), so the copy engines write it
@@ -210,7 +220,7 @@ class Ring:
         """Give the slot file's first `end` bytes memory, where they have none yet."""
         done = self.reserved.get(bin_path, 0)
         if end > done:
-            allocate(bin_path, done, end)
+            allocate(bin_path, done, end, self.headroom)
             self.reserved[bin_path] = end
 
     def link(self, src: Path, manifest: dict, raw: bytes) -> None:
@@ -258,10 +268,18 @@ class Rings:
     `plan.full_every` above 1, a ring of logged steps (worker/snapshots.py) of `grads_slots`."""
 
     def __init__(
-        self, d: Path, plan: SnapshotPlan, pin: bool, grads_slots: int, page_lock: bool = False
+        self,
+        d: Path,
+        plan: SnapshotPlan,
+        pin: bool,
+        grads_slots: int,
+        page_lock: bool = False,
+        headroom: int = 0,
     ):
-        self.whole = Ring(d, plan.keep, pin, page_lock=page_lock)
-        self.grads = Ring(d, grads_slots, prefix="grads") if plan.full_every > 1 else None
+        self.whole = Ring(d, plan.keep, pin, page_lock=page_lock, headroom=headroom)
+        self.grads = (
+            Ring(d, grads_slots, prefix="grads", headroom=headroom) if plan.full_every > 1 else None
+        )
 
     def of(self, manifest: dict) -> Ring:
         """The ring a slot with `manifest` goes into."""
@@ -319,12 +337,14 @@ class Snapshotter:
         self.holder = plan.holders.get(rank)
         self.wards = plan.wards(rank)
         self.links = buddy_links(plan.holders, rank, timeout_s)
+        headroom = headroom_for(plan.own_dir(rank), device)
         self.own = Rings(
             plan.own_dir(rank),
             plan,
             pin_checked,
             plan.own_grads_slots(),
             page_lock=device.type == "cuda",
+            headroom=headroom,
         )
         # A ring of held/ has one writer: this rank for the wards on other hosts, and for its
         # own copy where its holder shares its host memory (`_pair_up`).
@@ -332,12 +352,12 @@ class Snapshotter:
         self.holder_here = holders_dir is not None
         grads_slots = plan.grads_slots()
         self.held = {
-            w: Rings(plan.held_dir(w), plan, pin_checked, grads_slots)
+            w: Rings(plan.held_dir(w), plan, pin_checked, grads_slots, headroom=headroom)
             for w in self.wards
             if w not in self.wards_here
         }
         if holders_dir is not None:
-            self.held[rank] = Rings(holders_dir, plan, pin_checked, grads_slots)
+            self.held[rank] = Rings(holders_dir, plan, pin_checked, grads_slots, headroom=headroom)
         self.thread = ThreadPoolExecutor(
             1, thread_name_prefix="snapshot", initializer=_yield_to_training
         )
