@@ -15,7 +15,9 @@ collective). Replays are deterministic, so the corrupted rank's parameters leave
 trajectory first: a corruption reaches its replicas only through the next gradient reduction,
 one step later. When no parameter left it (an optimizer-state flip found before the next
 update), the rank whose whole state differs from its replay is blamed. A fault that repeats on
-replay blames nobody by replay; three or more replicas then fall back to the majority.
+replay blames nobody by replay; three or more replicas then fall back to the majority. So does
+a replay that reproduces no rank's history (`blame`): on a GPU the training's backward is not
+deterministic, and every replica would otherwise be blamed for it.
 """
 
 from __future__ import annotations
@@ -145,10 +147,16 @@ class ReplicaCheck:
 def blame(reports: list[dict], disagreeing: list[int]) -> list[int]:
     """The disagreeing ranks the replay blames. `reports`: every rank's {rank,
     diverged_at (the first step at which its parameters differed from the replay, or None),
-    changed (its whole state after the replay differs from before)}."""
+    changed (its whole state after the replay differs from before)}.
+
+    Every disagreeing rank leaving its history at the same first step is no corruption's
+    trace (that reaches the other replicas a step after its own): it is a replay that does not
+    reproduce the run, as on a GPU whose backward kernels accumulate with atomics. It blames
+    nobody, rather than every replica."""
     diverged = {r["rank"]: r["diverged_at"] for r in reports if r["diverged_at"] is not None}
     if diverged:
         first = min(diverged.values())
-        return sorted(r for r in disagreeing if diverged.get(r) == first)
+        at_first = sorted(r for r in disagreeing if diverged.get(r) == first)
+        return [] if len(disagreeing) > 1 and at_first == sorted(disagreeing) else at_first
     changed = {r["rank"] for r in reports if r["changed"]}
     return sorted(r for r in disagreeing if r in changed)
