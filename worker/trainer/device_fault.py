@@ -17,10 +17,16 @@ class DeviceFault(RuntimeError):
     """The rank's device failed; the message is for the job's user."""
 
 
+# torch's error for a failed accelerator call (c10::AcceleratorError, raised for every CUDA
+# error but an allocation's, which is torch.OutOfMemoryError), since torch 2.8; before, a
+# RuntimeError whose message starts "CUDA error:"
+_ACCELERATOR_ERROR = getattr(torch, "AcceleratorError", None)
+
+
 def is_device_fault(e: BaseException) -> bool:
-    """torch's error for a failed accelerator call (c10::AcceleratorError, raised for every
-    CUDA error but an allocation's, which is torch.OutOfMemoryError)."""
-    return isinstance(e, torch.AcceleratorError)
+    if _ACCELERATOR_ERROR is not None and isinstance(e, _ACCELERATOR_ERROR):
+        return True
+    return type(e) is RuntimeError and str(e).lstrip().startswith("CUDA error:")
 
 
 def explain_fault(e: BaseException, device: torch.device) -> DeviceFault:
