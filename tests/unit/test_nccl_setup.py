@@ -42,6 +42,7 @@ def test_the_flight_recorder_dumps_into_the_run_directory_on_a_timeout():
     assert env["TORCH_FR_DUMP_TEMP_FILE"] == env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]
     assert env["TORCH_FR_DUMP_TEMP_FILE"] == "/run/g3/flight-rank"
     assert env["TORCH_FR_BUFFER_SIZE"] == env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "500"
+    assert env["TORCH_INCLUDE_STACK_TRACE"] == "0"  # a dump that fits the short wait
 
 
 @pytest.mark.parametrize("hang_after_s", [2.5, 10.0, 60.0, 600.0])

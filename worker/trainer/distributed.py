@@ -29,7 +29,10 @@ variables (docs: torch_nccl_environment_variables):
 - TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC at an eighth of the timeout, at most 1 s: on a timeout the
   watchdog sleeps four times this before it aborts, so every rank's monitor (polling the
   store's dump signal each second) has written its dump. torch's default, 15 s, would hold the
-  abort 60 s past the timeout, past the controller's bound, which then calls a blameless stall.
+  abort 60 s past the timeout, past the controller's bound, which then calls a blameless stall;
+- TORCH_INCLUDE_STACK_TRACE=0 unless the operator set it: the monitor waits that same short
+  time for its dump, and symbolizing every entry's stack can outlast it; the blame reads
+  sequence numbers and states only.
 """
 
 from __future__ import annotations
@@ -140,6 +143,7 @@ def nccl_environment(
         "TORCH_NCCL_TRACE_BUFFER_SIZE": entries or "2000",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": str(max(1, min(1000, int(timeout_s * 1000 / 8)))),
+        "TORCH_INCLUDE_STACK_TRACE": environ.get("TORCH_INCLUDE_STACK_TRACE", "0"),
         **(
             {"TORCH_FR_DUMP_TEMP_FILE": str(flight), "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(flight)}
             if flight
