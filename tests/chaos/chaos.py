@@ -156,13 +156,21 @@ def succeeded(stack: Stack, j: JobStatus) -> None:
 
 
 def survives_one_kill(
-    stack: Stack, spec: dict, kill_at: int, reference: list[dict]
+    stack: Stack, spec: dict, kill_at: int, reference: list[dict], committed: int = 0
 ) -> tuple[JobStatus, dict[int, dict]]:
-    """Run `spec`, SIGKILL rank 1's trainer once it reports step `kill_at`, and check the job
-    succeeded after exactly that one recovery with `reference`'s losses bit for bit; the job
-    and its stitched curve."""
+    """Run `spec`, SIGKILL rank 1's trainer once it reports step `kill_at` (and, with
+    `committed`, once rank 0 committed that step's checkpoint: an async commit can trail the
+    steps by seconds on a loaded host), and check the job succeeded after exactly that one
+    recovery with `reference`'s losses bit for bit; the job and its stitched curve."""
     w, j1 = start(stack, spec)
     victim = rank(j1, 1)
+    if committed:
+        wait_record(
+            metrics_path(stack, j1, 0),
+            lambda r: r.get("event") == "checkpoint" and r["step"] >= committed,
+            120,
+            f"rank 0's commit of step {committed}",
+        )
     wait_record(metrics_path(stack, j1, 1), at_step(kill_at), 120, f"rank 1 at step {kill_at}")
     kill(victim.pid)
     j = w.finish()

@@ -36,9 +36,9 @@ def epoch_steps(corpus) -> float:
     return (read_manifest(corpus).splits["train"].tokens - 1) // SEQ / BATCH
 
 
-def recovered_exactly(stack, spec: dict, kill_at: int, want: list[dict]):
+def recovered_exactly(stack, spec: dict, kill_at: int, want: list[dict], committed: int = 0):
     """One recovery from a kill at `kill_at`; the eval losses and epochs exact too."""
-    j, curve = survives_one_kill(stack, spec, kill_at, want)
+    j, curve = survives_one_kill(stack, spec, kill_at, want, committed)
     for r in want:
         got = curve[r["step"]]
         assert (got.get("eval_loss"), got["epoch"]) == (r.get("eval_loss"), r["epoch"]), r["step"]
@@ -60,5 +60,5 @@ def test_a_kill_past_an_epoch_boundary_redoes_it_from_disk_exactly(stack, corpus
     want = uninterrupted(spec)
     kill_at = 9  # after the checkpoint of step 5; steps 6..9 cross into the next epoch
     assert want[5]["epoch"] < want[kill_at - 1]["epoch"]
-    rec = recovered_exactly(stack, spec, kill_at, want)
+    rec = recovered_exactly(stack, spec, kill_at, want, committed=5)
     assert rec.resumed_step == 5 and set(rec.restored_from.values()) == {"disk"}
