@@ -32,6 +32,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 
 from services.spec import ModelSpec
+from worker.trainer import grouped_gemm
 from worker.trainer.comm_autograd import (
     all_to_all,
     copy_to,
@@ -75,7 +76,7 @@ class Router(nn.Module):
         weights = top.softmax(-1) * kept
         # Switch's balance loss, per sequence: E * sum_e f_e P_e
         t = x.shape[1]
-        share = F.one_hot(chosen, self.experts).sum((1, 2)).float() / (t * self.top_k)
+        share = _one_hot(chosen, self.experts).sum((1, 2)).float() / (t * self.top_k)
         prob = logits.softmax(-1).mean(1)
         balance = (self.experts * (share * prob).sum(-1)).mean()
         return Routing(weights, chosen, kept, balance)
@@ -87,13 +88,22 @@ class Router(nn.Module):
         cap = math.ceil(self.capacity_factor * t * k / self.experts)
         # choice-major order within each sequence: every token's first choice, then seconds
         order = chosen.transpose(1, 2).reshape(b, k * t)
-        onehot = F.one_hot(order, self.experts)
+        onehot = _one_hot(order, self.experts)
         place = (onehot.cumsum(1) * onehot).sum(-1)  # 1-based place in its expert's queue
         return (place <= cap).view(b, k, t).transpose(1, 2)
 
 
+def _one_hot(ids: torch.Tensor, n: int) -> torch.Tensor:
+    """F.one_hot without its range check: router ids are in range by construction, and the
+    check reads their minimum and maximum on the host on every device but CUDA, so without it
+    the layer reads nothing on the host anywhere and a CPU test can hold it to that."""
+    return (ids.unsqueeze(-1) == torch.arange(n, device=ids.device)).long()
+
+
 class Experts(nn.Module):
-    """`experts` SwiGLU FFNs as stacked weights; forward takes rows grouped by expert."""
+    """`experts` SwiGLU FFNs as stacked weights; forward takes rows grouped by expert and
+    computes them with one grouped GEMM per weight (worker/trainer/grouped_gemm.py), or expert
+    by expert where torch's grouped GEMM refuses the shapes."""
 
     def __init__(self, experts: int, d_model: int, hidden: int):
         super().__init__()
@@ -102,11 +112,15 @@ class Experts(nn.Module):
         self.w_down = nn.Parameter(torch.empty(experts, hidden, d_model))
         self.grad_scale = 1.0  # set by apply_experts: see MoE._experts_on_holders
 
-    def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """`counts`: rows per expert, on x's device."""
         gate, up, down = (self._local(w) for w in (self.w_gate, self.w_up, self.w_down))
+        if grouped_gemm.takes(x, gate, up, down):
+            ends = counts.cumsum(0, dtype=torch.int32)
+            return grouped_gemm.swiglu_experts(x, gate, up, down, ends)
         out = [
             (F.silu(rows @ gate[e]) * (rows @ up[e])) @ down[e]
-            for e, rows in enumerate(x.split(counts))
+            for e, rows in enumerate(x.split(counts.tolist()))
         ]
         return torch.cat(out)
 
@@ -133,10 +147,10 @@ class MoE(nn.Module):
         tokens, for_experts, layout = self._gather(x)
         b, t, d = tokens.shape
         routing = self.router(tokens)
+        y, counts = self._dispatch(for_experts.reshape(b * t, d), routing)
         if _training_forward():
-            self.stats.add(routing)
-        y = self._dispatch(for_experts.reshape(b * t, d), routing).view(b, t, d)
-        return _with_aux(self._scatter(y, layout), routing.balance, self.aux_weight)
+            self.stats.add(counts, routing)
+        return _with_aux(self._scatter(y.view(b, t, d), layout), routing.balance, self.aux_weight)
 
     def _gather(self, x: torch.Tensor):
         """(tokens for the router, tokens for the experts, the input's TP layout). Under TP
@@ -157,20 +171,31 @@ class MoE(nn.Module):
         whole = DTensor.from_local(y, mesh, [Replicate()], run_check=False)
         return whole.redistribute(mesh, placements).to_local()
 
-    def _dispatch(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
-        """Each kept (token, choice) row to its expert and back, weighted and summed per token.
-        The combine is a gather and a sum over the k choices, never a scatter-add, so the
-        result is deterministic on every device."""
+    def _dispatch(self, x: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each kept (token, choice) row to its expert and back, weighted and summed per token;
+        and the kept rows per expert. The combine is a gather and a sum over the k choices,
+        never a scatter-add, so the result is deterministic on every device.
+
+        Dropless routing keeps every choice, so nothing here waits for the device: the rows
+        are sorted by expert and each expert's end is found in the sorted ids (bincount would
+        read the largest id on the host first). A capacity factor makes the number of kept
+        rows data, read once (`nonzero`)."""
         k = self.top_k
-        chosen, kept = routing.chosen.reshape(-1), routing.kept.reshape(-1)
-        rows = kept.nonzero().squeeze(1)
-        rows = rows[chosen[rows].argsort(stable=True)]  # grouped by expert, in row order
-        counts = torch.bincount(chosen[rows], minlength=self.num_experts)
+        chosen = routing.chosen.reshape(-1)
+        if self.router.capacity_factor:
+            rows = routing.kept.reshape(-1).nonzero().squeeze(1)
+            experts, order = chosen[rows].sort(stable=True)
+            rows = rows[order]  # grouped by expert, in row order
+        else:
+            experts, rows = chosen.sort(stable=True)
+        ids = torch.arange(self.num_experts, device=x.device)
+        ends = torch.searchsorted(experts, ids, right=True)
+        counts = ends.diff(prepend=ends.new_zeros(1))
         out = self._experts_on_holders(x[rows // k], counts)
         per_choice = x.new_zeros((x.shape[0] * k, x.shape[1]))
         per_choice = per_choice.index_put((rows,), out)
         weights = routing.weights.reshape(-1, k, 1).to(x.dtype)
-        return (per_choice.view(-1, k, x.shape[1]) * weights).sum(1)
+        return (per_choice.view(-1, k, x.shape[1]) * weights).sum(1), counts
 
     def _experts_on_holders(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Rows grouped by global expert id -> their outputs, same order. Under EP, experts
@@ -180,19 +205,21 @@ class MoE(nn.Module):
         ep: `Experts.grad_scale` = 1/ep does."""
         groups, ep = self.groups, self.groups.ep_size
         if ep == 1:
-            return self._compute(rows, counts.tolist())
+            return self._compute(rows, counts)
         local = self.num_experts // ep
         received = exchange_counts(counts, groups.ep).view(ep, local)  # [source, my expert]
-        send = counts.view(ep, local).sum(1).tolist()
-        receive = received.sum(1).tolist()
+        # the layer's one host sync: an all-to-all takes its split sizes on the host
+        send, receive = torch.stack((counts.view(ep, local).sum(1), received.sum(1))).tolist()
         arrived = all_to_all(rows, send, receive, groups.ep)  # by source, then by expert
         expert_of = torch.arange(local, device=rows.device).repeat(ep)
-        by_expert = expert_of.repeat_interleave(received.flatten()).argsort(stable=True)
-        out = self._compute(arrived[by_expert], received.sum(0).tolist())
+        by_expert = expert_of.repeat_interleave(
+            received.flatten(), output_size=sum(receive)
+        ).argsort(stable=True)
+        out = self._compute(arrived[by_expert], received.sum(0))
         back = torch.empty_like(out).index_put((by_expert,), out)
         return all_to_all(back, receive, send, groups.ep)
 
-    def _compute(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    def _compute(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         out = self.experts(rows, counts)
         # under TP each rank holds a slice of every expert's hidden width: partial sums
         return reduce_from(out, self.groups.tp) if self.groups.tp is not None else out
@@ -212,11 +239,11 @@ class LoadStats:
         self.experts, self.per_step = experts, per_step
         self._parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
-    def add(self, r: Routing) -> None:
+    def add(self, kept: torch.Tensor, r: Routing) -> None:
+        """`kept`: the forward's kept choices per expert (MoE._dispatch's counts)."""
         with torch.no_grad():
-            kept = torch.bincount(r.chosen[r.kept], minlength=self.experts)
             dropped = (~r.kept).sum()
-            self._parts.append((kept, dropped, r.balance.detach()))
+            self._parts.append((kept.detach(), dropped, r.balance.detach()))
 
     def take(self) -> torch.Tensor | None:
         """(experts + 2,) float64: kept per expert, dropped, balance-loss sum; None if no
