@@ -6,7 +6,9 @@ Checked after the spec itself is valid (services/spec.py):
   - memory: the planner's per-rank peak (services/planner, docs/planner.md) within the largest
     device of the pool (the live registered workers); a refusal names the nearest layout that
     fits;
-  - size: the ranks and spares within the pool's workers whose devices are large enough.
+  - size: the ranks and spares within the pool's workers whose devices are large enough;
+  - snapshots: a worker's share of the job's in-memory snapshot rings within the room some
+    worker of the pool registered for them (services/planner/snapshot_memory.py).
 With no live worker there is nothing to judge the last two against (workers may join later):
 the job is admitted and waits; the scheduler's backfill keeps it from blocking others.
 `parallel.auto` specs get the planner's best layout for the live pool first.
@@ -27,6 +29,7 @@ from services.paths import confine_spec
 from services.planner import Cluster, Layout
 from services.planner.hardware import INFINIBAND, TCP, Fabric, host_memory_per_device
 from services.planner.search import candidates
+from services.planner.snapshot_memory import snapshot_rings
 from services.spec import JobSpec, Problem, SpecError
 from services.store import Store
 
@@ -59,6 +62,7 @@ class PoolWorker:
     memory_bytes: int  # per device
     device_kind: str
     fabric: str = "infiniband"  # what its host reaches other hosts over (its join)
+    snapshot_bytes: int = 0  # the room for in-memory snapshots it registered; 0: unknown
 
 
 def live_pool(store: Store, alive_s: float) -> list[PoolWorker]:
@@ -73,7 +77,12 @@ def pool_of(infos: dict[str, dict[str, str]]) -> list[PoolWorker]:
     """The workers of these registrations (join-time fields), in their order."""
     return [
         _pool_worker(
-            w, i.get("devices"), i.get("memory_bytes"), i.get("device_kind"), i.get("fabric")
+            w,
+            i.get("devices"),
+            i.get("memory_bytes"),
+            i.get("device_kind"),
+            i.get("fabric"),
+            i.get("snapshot_bytes"),
         )
         for w, i in infos.items()
     ]
@@ -81,11 +90,18 @@ def pool_of(infos: dict[str, dict[str, str]]) -> list[PoolWorker]:
 
 @functools.lru_cache(maxsize=1 << 16)  # built once per registration, not per submission
 def _pool_worker(
-    wid: str, devices: str | None, memory: str | None, kind: str | None, fabric: str | None
+    wid: str,
+    devices: str | None,
+    memory: str | None,
+    kind: str | None,
+    fabric: str | None,
+    snapshot: str | None,
 ) -> PoolWorker:
     n = max(1, int(devices or 1))
     memory_bytes = int(memory or 0) or host_memory_per_device(n)
-    return PoolWorker(wid, n, memory_bytes, kind or "cpu", fabric or INFINIBAND.name)
+    return PoolWorker(
+        wid, n, memory_bytes, kind or "cpu", fabric or INFINIBAND.name, int(snapshot or 0)
+    )
 
 
 def _gib(n: float) -> str:
@@ -203,6 +219,44 @@ def capacity_problems(spec: JobSpec, pool: list[PoolWorker]) -> list[Problem]:
     return []
 
 
+def snapshot_problems(spec: JobSpec, pool: list[PoolWorker]) -> list[Problem]:
+    """The job's snapshot rings against the room the workers registered for them: refused when
+    no worker could hold its share (its devices' ranks, at most the world); nothing when the
+    job takes no snapshots or no worker said how much room it has."""
+    known = [w for w in pool if w.snapshot_bytes]
+    if not spec.snapshot.enabled or not known:
+        return []
+    rings = snapshot_rings(spec, _plan(spec, [max(pool, key=lambda w: w.memory_bytes)]).memory)
+    world = spec.parallel.world_size
+
+    def need(w: PoolWorker) -> int:
+        return min(w.devices, world) * rings.per_rank
+
+    if any(need(w) <= w.snapshot_bytes for w in known):
+        return []
+    roomiest = max(known, key=lambda w: w.snapshot_bytes / need(w))
+    s = spec.snapshot
+    hint = ["lower snapshot.keep (at least 2)"] if s.keep > 2 else []
+    if rings.logged_slots:
+        hint.append("set snapshot.full_every: 1 (no logged steps)")
+    if s.buddy:
+        hint.append("set snapshot.buddy: false (no copies of other ranks)")
+    if spec.parallel.zero != 3:
+        hint.append("use parallel.zero: 3 with a larger parallel.dp (smaller shards)")
+    return [
+        Problem(
+            "snapshot",
+            f"the in-memory snapshots need about {_gib(need(roomiest))} on a worker "
+            f"({rings.explain(min(roomiest.devices, world))}) but the most room any worker "
+            f"has for them is {_gib(roomiest.snapshot_bytes)} (worker {roomiest.wid}, its "
+            "--snapshot-dir); "
+            + ", ".join(hint)
+            + ", give the agents a larger --snapshot-dir, or set snapshot.enabled: false "
+            "(recoveries then restore from the last disk checkpoint)",
+        )
+    ]
+
+
 def auto_layout(spec: JobSpec, pool: list[PoolWorker], max_ranks: int | None) -> JobSpec:
     """`parallel.auto`: the spec with the planner's best layout for the live pool, keeping
     the workers its spares need free (docs/planner.md, "Admission")."""
@@ -289,6 +343,8 @@ def admit(
         spec = auto_layout(spec, pool, quotas.limit(owner))
     problems += quota_problems(spec, owner, quotas)
     problems += capacity_problems(spec, pool)
+    if not problems:
+        problems += snapshot_problems(spec, pool)
     if problems:
         raise SpecError(problems)
     return spec

@@ -52,6 +52,15 @@ class JoinRequest(BaseModel):
         int, Field(ge=0, description="per device: host RAM / devices on CPU, GPU memory on GPU")
     ]
     device_kind: Literal["cpu", "cuda"]
+    snapshot_bytes: Annotated[
+        int,
+        Field(
+            ge=0,
+            description="the room for in-memory snapshots: the size of the file system of the "
+            "agent's --snapshot-dir, less the shared memory kept for NCCL on a GPU worker; 0: "
+            "unknown (admission then does not judge the job's snapshot rings against it)",
+        ),
+    ] = 0
     fabric: Literal["infiniband", "tcp"] = Field(
         default="infiniband",
         description="the network this host reaches other hosts over: infiniband (RDMA: "

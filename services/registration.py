@@ -50,6 +50,7 @@ CHECKS = {
     "devices": _int_at_least(1),
     "fabric": _fabric,
     "memory_bytes": _int_at_least(0),
+    "snapshot_bytes": _int_at_least(0),
     "labels": _labels,
     "joined_at": _number,
 }

@@ -31,6 +31,7 @@ from worker.agent.agent import Agent, AgentConfig, default_address
 from worker.agent.joining import Credentials, Joiner, Rejoin, via
 from worker.agent.metrics_endpoint import AgentMetrics
 from worker.devices import discover
+from worker.shm_headroom import snapshot_capacity
 
 log = logging.getLogger("meshkeeper.agent")
 
@@ -248,6 +249,7 @@ def host_fabric(choice: str, rdma_devices: Path = Path("/sys/class/infiniband"))
 def joiner(args: argparse.Namespace, cfg: AgentConfig) -> Joiner:
     """How this agent joins through the controller (worker/agent/joining.py)."""
     token, (kind, memory) = join_token(args), device_memory(cfg.devices)
+    snapshot_bytes = snapshot_capacity(cfg.snapshots, kind == "cuda")
     try:
         verify = ssl.create_default_context(cafile=args.ca_file) if args.ca_file else True
     except (OSError, ssl.SSLError) as e:
@@ -262,6 +264,7 @@ def joiner(args: argparse.Namespace, cfg: AgentConfig) -> Joiner:
         "labels": cfg.labels,
         "memory_bytes": memory,
         "device_kind": kind,
+        "snapshot_bytes": snapshot_bytes,
         "fabric": host_fabric(args.fabric),
         "pid": os.getpid(),
         "run_dir": str(cfg.run_dir),
@@ -283,6 +286,7 @@ def register_directly(store: Store, cfg: AgentConfig) -> None:
             "devices": cfg.devices,
             "memory_bytes": memory,
             "device_kind": kind,
+            "snapshot_bytes": snapshot_capacity(cfg.snapshots, kind == "cuda"),
             "pid": os.getpid(),
             "state": "idle",
             "run_dir": str(cfg.run_dir),

@@ -52,6 +52,7 @@ from torch.cuda._pin_memory_utils import pin_memory, unpin_memory
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
+from worker.shm_headroom import check_room, headroom_for
 from worker.snapshots import (
     HEADER_BYTES,
     SnapshotPlan,
@@ -63,7 +64,6 @@ from worker.snapshots import (
     stamp,
     write_manifest,
 )
-from worker.trainer.shm_headroom import check_room, headroom_for
 from worker.trainer.snapshot_grads import GradSlot, GradSlots, reduce_into
 from worker.trainer.snapshot_state import (
     Captured,
@@ -126,7 +126,7 @@ def allocate(path: Path, start: int, end: int, headroom: int = 0) -> None:
     """Give bytes [start, end) of `path` their memory now. A write to a sparse page of a
     mapped file that /dev/shm has no room for is a SIGBUS, which kills the trainer; this is
     an OSError (ENOSPC) instead, which fails one snapshot and training goes on. `headroom`:
-    bytes that must stay free after it (NCCL's, worker/trainer/shm_headroom.py)."""
+    bytes that must stay free after it (NCCL's, worker/shm_headroom.py)."""
     check_room(path, end - start, headroom)
     fd = os.open(path, os.O_RDWR)
     try:
@@ -337,7 +337,7 @@ class Snapshotter:
         self.holder = plan.holders.get(rank)
         self.wards = plan.wards(rank)
         self.links = buddy_links(plan.holders, rank, timeout_s)
-        headroom = headroom_for(plan.own_dir(rank), device)
+        headroom = headroom_for(plan.own_dir(rank), device.type == "cuda")
         self.own = Rings(
             plan.own_dir(rank),
             plan,

@@ -8,7 +8,8 @@ file system with `/dev/shm`, a slot gets its memory only while `NCCL_SHM_HEADROO
 after it; otherwise that one snapshot fails with ENOSPC, naming the fix, and training goes on
 (worker/trainer/snapshot.py, `allocate`). The Helm chart gives snapshots a memory-backed
 volume of their own, where this never applies; CPU ranks (gloo uses no shared memory) keep
-none.
+none. What is left is the room an agent registers for snapshots (`snapshot_capacity`), which
+admission holds a job's snapshot rings to (controller/admission.py).
 """
 
 from __future__ import annotations
@@ -17,18 +18,30 @@ import errno
 import os
 from pathlib import Path
 
-import torch
-
 SHM = Path("/dev/shm")
 NCCL_SHM_HEADROOM = 1 << 30  # NCCL's buffers for 8 local peers over every channel, and more
 
 
-def headroom_for(d: Path, device: torch.device) -> int:
+def headroom_for(d: Path, gpu: bool) -> int:
     """The bytes to keep free in `d`'s file system: NCCL_SHM_HEADROOM for a GPU rank whose
     snapshots live in /dev/shm's file system, else 0."""
-    if device.type != "cuda":
+    if not gpu:
         return 0
     return NCCL_SHM_HEADROOM if _same_file_system(d, SHM) else 0
+
+
+def snapshot_capacity(d: Path, gpu: bool) -> int:
+    """The bytes snapshots may fill in `d` (an agent's --snapshot-dir, made or not): its file
+    system's size (a tmpfs's `size=`; half the host's memory for /dev/shm by default), less
+    NCCL's headroom on a GPU worker; 0 when it cannot be read."""
+    existing = _existing(d)
+    try:
+        st = os.statvfs(existing) if existing is not None else None
+    except OSError:
+        st = None
+    if st is None:
+        return 0
+    return max(0, st.f_blocks * st.f_frsize - headroom_for(d, gpu))
 
 
 def check_room(path: Path, need: int, headroom: int) -> None:
@@ -49,8 +62,13 @@ def check_room(path: Path, need: int, headroom: int) -> None:
         )
 
 
+def _existing(d: Path) -> Path | None:
+    """`d` or its nearest ancestor that exists: where its file system is read."""
+    return next((p for p in (d, *d.parents) if p.exists()), None)
+
+
 def _same_file_system(d: Path, other: Path) -> bool:
-    existing = next((p for p in (d, *d.parents) if p.exists()), None)
+    existing = _existing(d)
     try:
         return existing is not None and os.stat(existing).st_dev == os.stat(other).st_dev
     except OSError:
