@@ -1,6 +1,9 @@
 """Integration tests run against the session's shared stack (fixtures in tests/conftest.py,
 the stack itself in tests/stack.py). The names below stay importable from here."""
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from services.store import Store
@@ -41,3 +44,11 @@ def sentinel(tmp_path_factory) -> SentinelRedis:
         yield s
     finally:
         s.close()
+
+
+def joining_agent(stack: Stack, wid: str, log_dir: Path, *extra: str) -> Proc:
+    """An agent of its own that knows only the stack's controller URL and the join token, with
+    no warm trainer; `extra`: more of its options."""
+    argv = [sys.executable, "-m", "worker", "--controller", stack.controller.url]
+    argv += ["--join-token-file", str(stack.secrets.join_token_file), "--id", wid]
+    return Proc(f"agent-{wid}", [*argv, "--warm", "0", *extra], log_dir)

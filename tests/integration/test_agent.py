@@ -4,38 +4,19 @@ metrics, and deregisters when stopped."""
 
 from __future__ import annotations
 
-import sys
-
 import httpx
 
 from services.procs import free_port
-from tests.integration.conftest import Proc, wait_until
+from tests.integration.conftest import joining_agent, wait_until
 
 
 def test_agent_joins_through_the_controller_and_deregisters(stack, tmp_path):
     port = free_port()
-    agent = Proc(
-        "agent-boot",
-        [
-            sys.executable,
-            "-m",
-            "worker",
-            "--controller",
-            stack.controller.url,
-            "--join-token-file",
-            str(stack.secrets.join_token_file),
-            "--id",
-            "boot-1",
-            "--warm",
-            "0",
-            "--label",
-            "rack=r7",
-            "--metrics-port",
-            str(port),
-            "--run-dir",
-            str(tmp_path),
-        ],
+    agent = joining_agent(
+        stack,
+        "boot-1",
         tmp_path,
+        *("--label", "rack=r7", "--metrics-port", str(port), "--run-dir", str(tmp_path)),
     )
     try:
 

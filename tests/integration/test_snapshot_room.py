@@ -4,9 +4,7 @@ no live worker has room for (controller/admission.py), naming the field and the 
 
 from __future__ import annotations
 
-import sys
-
-from tests.integration.conftest import Proc, wait_until
+from tests.integration.conftest import joining_agent, wait_until
 from tests.tmpfs import small_tmpfs
 
 MiB = 2**20
@@ -26,26 +24,12 @@ def test_an_agent_registers_its_snapshot_room_and_a_job_too_big_for_every_room_i
     stack, tmp_path
 ):
     with small_tmpfs(tmp_path / "shm", "32m") as shm:
-        agent = Proc(
-            "agent-room",
-            [
-                sys.executable,
-                "-m",
-                "worker",
-                "--controller",
-                stack.controller.url,
-                "--join-token-file",
-                str(stack.secrets.join_token_file),
-                "--id",
-                "room-1",
-                "--warm",
-                "0",
-                "--run-dir",
-                str(tmp_path / "run"),
-                "--snapshot-dir",
-                str(shm / "meshkeeper"),  # made at the first snapshot: its file system counts
-            ],
+        # the snapshot directory is made at the first snapshot: its file system counts
+        agent = joining_agent(
+            stack,
+            "room-1",
             tmp_path,
+            *("--run-dir", str(tmp_path / "run"), "--snapshot-dir", str(shm / "meshkeeper")),
         )
         try:
             wait_until(
