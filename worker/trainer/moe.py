@@ -231,9 +231,10 @@ class LoadStats:
     see `_training_forward`).
 
     A step runs each layer once per microbatch, so `take` keeps the last `per_step` forwards:
-    on a pipeline's first step torch runs every stage once more before them, on placeholder
-    values, to infer the shapes it sends (torch.distributed.pipelining's metadata inference);
-    that routing is no batch's."""
+    a pipeline stage built without its metadata runs once more before them, on placeholder
+    values, to infer the shapes it sends (torch.distributed.pipelining's metadata inference;
+    the trainer's stages are given theirs, worker/trainer/pipeline.py `stage_io`, but a torch
+    that ignored it would infer); that routing is no batch's."""
 
     def __init__(self, experts: int, per_step: int = 1):
         self.experts, self.per_step = experts, per_step

@@ -13,6 +13,11 @@ sharding across microbatches instead (`ShardedStage`), as ZeRO-3 does with gradi
 accumulation and as the planner's memory and cost models assume: each microbatch's gradients
 are reduce-scattered into the sharded accumulator as its backward ends, and the parameters
 resharded then.
+
+Every stage is built with its input's and output's metadata (`stage_io`), so torch's
+`PipelineStage` skips its metadata inference: without it, every stage runs one microbatch's
+forward and backward before the first step's schedule, in every generation (a recovery's
+too; docs/fault-tolerance.md, "The pipeline's first step").
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from torch.distributed.pipelining.schedules import (
     ScheduleInterleaved1F1B,
 )
 
-from services.spec import ParallelSpec
+from services.spec import JobSpec, ParallelSpec
 from worker.trainer.model import Transformer
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -89,16 +94,45 @@ def split_stages(full: Transformer, pp_rank: int, p: ParallelSpec) -> list[tuple
     return [(i, stage_module(full, i, n)) for i in stage_ids(pp_rank, p)]
 
 
+def stage_io(spec: JobSpec, stage: int, num_stages: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Meta tensors shaped as one microbatch's input and output of `stage`, as torch would infer
+    them: plain local tensors at every boundary, whatever the layout. The first stage takes the
+    token ids; the others take the hidden states, a sequence shard of them under sequence
+    parallelism; the last gives the logits, a vocabulary shard of them under loss parallelism;
+    activations are in the compute dtype. A float input requires grad: a stage whose input
+    does not computes no gradient for the stage before it, whose first update is then wrong
+    (step 1's loss equal, step 2's not)."""
+    m, p = spec.model, spec.parallel
+    batch = spec.train.global_batch // (p.dp * p.microbatches)
+    dtype = torch.bfloat16 if p.precision == "bf16" else torch.float32
+    seq = m.seq_len // p.tp if p.tp > 1 and p.sequence_parallel else m.seq_len
+    vocab = m.vocab // p.tp if p.tp > 1 and p.loss_parallel else m.vocab
+
+    def meta(*shape: int, dtype: torch.dtype = dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device="meta", requires_grad=dtype.is_floating_point)
+
+    hidden = meta(batch, seq, m.d_model)
+    x = meta(batch, m.seq_len, dtype=torch.int64) if stage == 0 else hidden
+    y = meta(batch, m.seq_len, vocab) if stage == num_stages - 1 else hidden
+    return x, y
+
+
 def build_schedule(
     parts: list[tuple[int, torch.nn.Module]],
-    p: ParallelSpec,
+    spec: JobSpec,
     pp_mesh: DeviceMesh,
     device: torch.device,
     loss_fn: Callable,
 ):
+    p = spec.parallel
     n = p.pp * p.virtual_stages
     group = pp_mesh.get_group()
-    stages = [ShardedStage(m, i, n, device, group=group, zero=p.zero) for i, m in parts]
+    stages = []
+    for i, m in parts:
+        x, y = stage_io(spec, i, n)
+        stages.append(
+            ShardedStage(m, i, n, device, input_args=x, output_args=y, group=group, zero=p.zero)
+        )
     # Loss is pre-divided by the microbatch count, so the schedule must not rescale.
     if p.pp_schedule == "interleaved_1f1b":
         return ScheduleInterleaved1F1B(stages, p.microbatches, loss_fn=loss_fn, scale_grads=False)

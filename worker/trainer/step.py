@@ -108,7 +108,7 @@ class Trainer:
         self.optimizers = [build_optimizer(list(m.parameters()), spec.train) for m in self.parts]
         self.schedulers = [build_scheduler(o, spec.train) for o in self.optimizers]
         self.schedule = (
-            build_schedule(parts, p, mesh["pp"], ctx.device, self._loss_fn) if p.pp > 1 else None
+            build_schedule(parts, spec, mesh["pp"], ctx.device, self._loss_fn) if p.pp > 1 else None
         )
         self.batches = Batches(spec.data, spec.model, spec.train.global_batch, p.dp)
         on_gpu = ctx.device.type == "cuda"
