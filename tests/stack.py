@@ -336,13 +336,15 @@ def agent_argv(
         str(work / "workers" / wid),
         "--checkpoint-root",
         str(work / "checkpoints"),
-        # host memory of this stack's own: two test sessions on one host (the same worker
-        # ids) must not prune each other's snapshots
         "--snapshot-dir",
-        str(
-            Path("/dev/shm/meshkeeper-tests") / hashlib.sha256(str(work).encode()).hexdigest()[:12]
-        ),
+        str(snapshot_root(work)),
     ]
+
+
+def snapshot_root(work: Path) -> Path:
+    """The agents' --snapshot-dir: host memory of this stack's own, so two test sessions on one
+    host (the same worker ids) do not prune each other's snapshots."""
+    return Path("/dev/shm/meshkeeper-tests") / hashlib.sha256(str(work).encode()).hexdigest()[:12]
 
 
 class Controller:
@@ -609,6 +611,10 @@ class Stack:
 
     def job_dir(self, wid: str, job: str, generation: int = 1) -> Path:
         return self.work / "workers" / wid / "jobs" / job / f"g{generation}"
+
+    def snapshot_dir(self, wid: str, job: str) -> Path:
+        """Where worker `wid`'s agent keeps the job's snapshots, one `g<G>` per generation."""
+        return snapshot_root(self.work) / wid / job
 
     def checkpoint_dir(self, job: str, spec: dict) -> Path:
         """Where the agents put a job's checkpoints (with shared checkpoints, the default):

@@ -8,8 +8,10 @@ Per rank, following what the trainer writes (worker/snapshots.py, worker/trainer
   its gradients (as many bytes as its weights);
 - with `buddy`, the same whole slots for its ward's copy, and `full_every + keep - 3` logged
   steps (`pick_holders` gives every rank one ward when replicas sit on different hosts);
-- all of it twice after a recovery: the agent keeps the generation a new one restored from
-  beside it (worker/agent/agent.py, `prune_generations`), and the new one fills its own rings.
+- after a recovery, the new generation's first snapshots beside all of the old one's, which
+  the agent drops once every rank of the worker has stepped (worker/agent/agent.py,
+  `_drop_restored`): a whole snapshot and a ward's copy, and the logged steps the first step
+  claims (its own for that step and the next, a ward's for one).
 """
 
 from __future__ import annotations
@@ -18,8 +20,6 @@ from dataclasses import dataclass
 
 from services.planner.memory import MemoryAnatomy
 from services.spec import JobSpec, has_replicas
-
-GENERATIONS = 2  # the running generation's rings and those of the one it restored from
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,16 @@ class SnapshotRings:
         return self.wards * (self.whole * self.whole_slots + self.logged * self.held_logged_slots)
 
     @property
+    def first_steps(self) -> int:
+        """Bytes a recovery's new generation writes before the old one's rings are dropped."""
+        logged = self.logged * (2 + self.wards) if self.logged_slots else 0
+        return self.whole * (1 + self.wards) + logged
+
+    @property
     def per_rank(self) -> int:
-        """Bytes per rank at the peak: both generations' rings, own and held."""
-        return GENERATIONS * (self.own + self.held)
+        """Bytes per rank at the peak: its rings, own and held, and a recovery's first
+        snapshots beside them."""
+        return self.own + self.held + self.first_steps
 
     def explain(self, ranks: int) -> str:
         """How `ranks` ranks' share adds up, for a refusal."""
@@ -53,11 +60,11 @@ class SnapshotRings:
             if self.logged_slots
             else ""
         )
-        held = f", and {_gib(self.held)} of a buddy's copies" if self.wards else ""
+        held = f", {_gib(self.held)} of a buddy's copies" if self.wards else ""
         return (
-            f"{ranks} rank{'s' if ranks != 1 else ''} x {GENERATIONS} generations x "
-            f"({self.whole_slots} whole snapshots "
-            f"of {_gib(self.whole)}{logged}{held})"
+            f"{ranks} rank{'s' if ranks != 1 else ''} x ({self.whole_slots} whole snapshots "
+            f"of {_gib(self.whole)}{logged}{held}, and {_gib(self.first_steps)} of a "
+            "recovery's first snapshots beside them)"
         )
 
 

@@ -8,11 +8,11 @@ from tests.integration.conftest import joining_agent, wait_until
 from tests.tmpfs import small_tmpfs
 
 MiB = 2**20
-# ~200M parameters at dp 2 (zero 3): a rank fits any test host's memory, while its 16-slot
-# rings, a buddy's copies and two generations of them, need about 90 GB per worker
+# ~800M parameters at dp 2 (zero 3): a rank fits a test host's memory (about 9 GiB), while
+# its 16-slot rings and a buddy's copies need about 200 GiB per worker
 BIG_RINGS = {
     "name": "big-rings",
-    "model": {"layers": 4, "d_model": 2048, "heads": 16, "vocab": 1024, "seq_len": 128},
+    "model": {"layers": 4, "d_model": 4096, "heads": 32, "vocab": 1024, "seq_len": 128},
     "data": {"source": "synthetic"},
     "parallel": {"dp": 2, "zero": 3},
     "train": {"steps": 5, "global_batch": 8},

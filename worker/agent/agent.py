@@ -106,6 +106,9 @@ class Run:
         None  # the job's checkpoint directory (only what CAS drops is deleted)
     )
     drain: Path | None = None  # where a suspend's stop step goes (worker/trainer/drain.py)
+    # the job's snapshot directory while it still holds the generation this one restored from
+    # (`_drop_restored`)
+    restored_snapshots: Path | None = None
 
     @property
     def active(self) -> bool:
@@ -369,6 +372,8 @@ class Agent:
             drain=d / "drain",
         )
         snapshots = self._snapshot_plan(job, generation, asg, spec, d)
+        if snapshots and asg.restore_generation not in (None, generation):
+            run.restored_snapshots = self.cfg.snapshots / job
         mine = asg.ranks_of(self.cfg.wid)
         try:  # this worker's own device count decides, whatever the slots say
             device = device_indices({e.rank: e.local_rank for e in mine}, self.cfg.devices)
@@ -531,7 +536,8 @@ class Agent:
     ) -> Path | None:
         """The trainers' snapshot plan (docs/architecture.md, "Hot recovery"), written into the
         generation's run directory; None when the job takes no snapshots. Older generations'
-        snapshots are dropped here, except the ones this generation restores from."""
+        snapshots are dropped here, except the ones this generation restores from, which go
+        once this worker's ranks have stepped (`_drop_restored`)."""
         want = spec.get("snapshot", {})
         if not want.get("enabled", True):
             return None
@@ -706,6 +712,19 @@ class Agent:
                     + (" (suspended: its step is committed)" if state == "suspended" else ""),
                     warning=state == "failed",
                 )
+        self._drop_restored(run)
+
+    @staticmethod
+    def _drop_restored(run: Run) -> None:
+        """Free the snapshots of the generation `run` restored from once every rank of this
+        worker has finished a step of its own. A step needs every rank of the mesh, so by then
+        every restore, a ward's from this worker's held copies included, is over; and a later
+        recovery restores from this generation's snapshots, never from older ones
+        (services/buddies.py, `restore_sources`). Until then both generations' rings share the
+        host's memory (services/planner/snapshot_memory.py counts that peak)."""
+        if run.restored_snapshots is not None and run.ranks and run.training:
+            prune_generations(run.restored_snapshots, {run.generation})
+            run.restored_snapshots = None
 
     def _publish(self) -> None:
         """Progress and pending events to Redis (raises RedisError; kept for the next try)."""
