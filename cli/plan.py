@@ -99,7 +99,7 @@ def _layout(p: api.PlanDoc) -> str:
 
 def plans_table(result: api.PlanResult, top: int) -> Table:
     t = Table(title=f"{len(result.plans)} feasible layouts over {result.fabric}, best first")
-    for col in ("#", "layout", "GiB/rank", "step s", "bubble", "why"):
+    for col in ("#", "layout", "GiB/rank", "snapshots GiB/rank", "step s", "bubble", "why"):
         t.add_column(col)
     rows = [(str(i + 1), p) for i, p in enumerate(result.plans[:top])]
     if result.given is not None:
@@ -109,6 +109,7 @@ def plans_table(result: api.PlanResult, top: int) -> Table:
             label,
             _layout(p),
             f"{p.memory_per_rank_bytes / GiB:.2f}",
+            f"{p.snapshot_per_rank_bytes / GiB:.2f}",
             f"{p.step_time_s:.3g}",
             f"{p.bubble:.2f}",
             p.explanation,

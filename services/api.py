@@ -304,6 +304,11 @@ class PlanDoc(Doc):
     pp_schedule: str
     activation_checkpointing: bool | str
     memory_per_rank_bytes: int
+    snapshot_per_rank_bytes: int = Field(
+        default=0,
+        description="host memory the rank's in-memory snapshot rings take at the peak "
+        '(docs/planner.md, "Snapshot rings"); 0 without snapshots',
+    )
     step_time_s: float
     bubble: float
     feasible: bool

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from services.planner.cost import StepCost, step_cost
 from services.planner.layout import Cluster, Layout
 from services.planner.memory import MemoryAnatomy, rank_memory
+from services.planner.snapshot_memory import snapshot_rings
 from services.spec import JobSpec, Problem, SpecError
 
 GiB = 2**30
@@ -36,6 +37,7 @@ class Plan:
     cost: StepCost
     capacity_bytes: int  # usable bytes of one device
     problems: tuple[str, ...]  # why it cannot run; empty when feasible
+    snapshot_bytes: int  # host memory the rank's snapshot rings take at the peak (`ring_bytes`)
 
     @property
     def feasible(self) -> bool:
@@ -90,6 +92,7 @@ class Plan:
                 )
             },
             "capacity_bytes": self.capacity_bytes,
+            "snapshot_per_rank_bytes": self.snapshot_bytes,
             "step_time_s": c.step_time_s,
             "bubble": c.bubble,
             "time": {
@@ -143,7 +146,21 @@ def evaluate(spec: JobSpec, layout: Layout, cluster: Cluster) -> Plan:
             f"the {memory.position} pipeline rank needs {memory.total / GiB:.2f} GiB, "
             f"more than the {capacity / GiB:.2f} GiB usable on a {cluster.device.name} device"
         )
-    return Plan(layout, memory, step_cost(spec, layout, cluster), capacity, tuple(problems))
+    return Plan(
+        layout,
+        memory,
+        step_cost(spec, layout, cluster),
+        capacity,
+        tuple(problems),
+        ring_bytes(spec, memory),
+    )
+
+
+def ring_bytes(spec: JobSpec, memory: MemoryAnatomy) -> int:
+    """The host memory of the snapshot rings of the rank whose anatomy is `memory`; 0 without
+    snapshots."""
+    rings = snapshot_rings(spec, memory)
+    return rings.per_rank if rings else 0
 
 
 def _schedules(pp: int, microbatches: int, stage_layers: int) -> Iterator[tuple[str, int]]:
@@ -202,5 +219,6 @@ def search(spec: JobSpec, cluster: Cluster) -> list[Plan]:
     for lay in layouts:
         memory = rank_memory(spec, lay, cluster)
         if memory.total <= capacity:
-            plans.append(Plan(lay, memory, step_cost(spec, lay, cluster), capacity, ()))
+            cost = step_cost(spec, lay, cluster)
+            plans.append(Plan(lay, memory, cost, capacity, (), ring_bytes(spec, memory)))
     return sorted(plans, key=lambda p: (p.cost.step_time_s, p.memory.total))

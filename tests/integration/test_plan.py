@@ -24,6 +24,12 @@ def test_a_viewer_plans_for_the_live_pool(stack):
     assert all(p["dp"] * p["pp"] * p["tp"] <= WORKERS and p["tp"] == 1 for p in plans)
     times = [p["step_time_s"] for p in plans]
     assert times == sorted(times)
+    # each plan says what its snapshot rings take of a host's memory; none without snapshots
+    assert all(p["snapshot_per_rank_bytes"] > p["memory"]["params"] for p in plans)
+    spec = {**tiny_spec("plan"), "snapshot": {"enabled": False}}
+    with stack.controller.client(stack.secrets.viewer_token) as c:
+        off = c.http.post("/v1/plan", json={"spec": spec}).json()
+    assert {p["snapshot_per_rank_bytes"] for p in off["plans"]} == {0}
 
 
 def test_a_bad_plan_request_names_the_field(stack):
