@@ -466,6 +466,13 @@ class ChaosSpec(Strict):
         max_length=64,
         description="Make a rank's trainer fail with a device error at a chosen step.",
     )
+    nondeterministic: bool = Field(
+        default=False,
+        description="Make every backward differ bitwise between executions, as a GPU's "
+        "kernels that accumulate with atomics do: each microbatch's logits gradient is scaled "
+        "elementwise by random factors within 2^-20 of one, on every rank, outside "
+        "deterministic algorithms. A replay of the SDC check then reproduces no rank's history.",
+    )
     save_delay_s: float = Field(
         default=0.0,
         ge=0,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.chaos.chaos import EVERY, assert_curve, mesh_spec, rank, start, succeeded
+from tests.chaos.chaos import EVERY, assert_curve, mesh_spec, rank, start, stitched, succeeded
 
 pytestmark = pytest.mark.slow
 
@@ -124,3 +124,31 @@ def test_a_flip_between_steps_is_found_by_its_rank_alone_and_its_peers_are_colla
     assert (ev["check"], ev["step"], ev["ranks"], ev["suspects"]) == ("at_rest", 6, [1], [1]), ev
     assert ev["clean_step"] == rec.resumed_step == 6, (ev, rec)
     assert_curve(stack, j, want, exact=True)
+
+
+def test_a_flip_under_a_nondeterministic_backward_is_blamed_by_distance_from_the_replay(
+    stack, uninterrupted
+):
+    """`chaos.nondeterministic` makes every backward differ bitwise between executions, as a
+    GPU's atomics do, so the replay reproduces neither replica's history and the bit-for-bit
+    rule can blame nobody of two. Their distances from the replay are equal until step 7,
+    where rank 0's gradient was flipped; there rank 0's lies far off and its replica's at the
+    noise, so rank 0 alone is blamed and replaced. The losses match the deterministic run to
+    the noise's size, not bit for bit."""
+    spec = mesh_spec("sdc-noisy", parallel={"dp": 2, "zero": 0})
+    spec["sdc"] = {"every_steps": CHECK_EVERY}
+    flip = {"rank": 0, "step": 7, "tensor": "grad", "bit": 22}
+    spec["chaos"] = {"bitflip": [flip], "nondeterministic": True}
+    want = uninterrupted(spec)
+    j, rec, ev, _ = blamed_and_replaced(stack, spec, flip["rank"])
+    assert (ev["step"], ev["ranks"], ev["suspects"]) == (8, [0, 1], [0]), ev
+    assert ev["clean_step"] == rec.resumed_step == 5, (ev, rec)  # step 5's checkpoint check
+    apart = flip["step"] - ev["clean_step"]  # the replicas part at the flip's step, not before
+    assert (
+        f"distance from the replay ({apart} step(s) into the replay rank(s) [0] lay"
+        in (ev["detail"])
+    ), ev
+    got = stitched(stack, j)
+    far = [(s, got[s]["loss"], w["loss"]) for s, w in enumerate(want, 1)]
+    assert all(abs(g - w) <= 1e-4 * abs(w) for _, g, w in far), far
+    assert any(g != w for _, g, w in far), "the backward was not made nondeterministic"

@@ -4,6 +4,7 @@ z-score flags."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 from worker.trainer.anomaly import AnomalyWatch
 from worker.trainer.chaos import flip_bit
-from worker.trainer.sdc import blame, disagreement, fingerprint
+from worker.trainer.sdc import blame, disagreement, drifted, fingerprint
 
 NAMES = ["a", "b", "c"]
 
@@ -80,6 +81,44 @@ def test_a_replay_that_reproduces_no_history_blames_nobody():
 def test_a_fault_that_repeats_on_replay_blames_nobody():
     reports = [_report(0, None, changed=False), _report(1, None, changed=False)]
     assert blame(reports, disagreeing=[0, 1]) == []
+
+
+def _drifts(**by_rank):
+    return [{"rank": int(r[1:]), "drift": d} for r, d in by_rank.items()]
+
+
+NOISE = [3e-7, 4e-7, 5e-7]  # a re-execution's distance from history, step by step
+
+
+def test_a_nondeterministic_replay_blames_the_replica_that_moved_away_where_they_part():
+    # equal until the third replayed step, where rank 1's state lies far from the replay
+    reports = _drifts(r0=NOISE, r1=NOISE[:2] + [4e-5])
+    blamed, said = drifted(reports, [(0, 1)])
+    assert blamed == [1]
+    assert said == "3 step(s) into the replay rank(s) [1] lay 4e-05 from it, their replicas 5e-07"
+
+
+def test_where_replicas_part_by_no_more_than_noise_nobody_is_blamed():
+    reports = _drifts(r0=NOISE, r1=NOISE[:2] + [2e-6])  # 4x: a re-execution's own spread
+    assert drifted(reports, [(0, 1)]) == ([], "")
+
+
+def test_only_the_step_where_replicas_part_decides():
+    # rank 0 parts first, by noise only; rank 1's later jump is the corruption's spread
+    reports = _drifts(r0=[3e-7, 5e-7, 9e-5], r1=[3e-7, 4e-7, 1e-4])
+    assert drifted(reports, [(0, 1)]) == ([], "")
+
+
+def test_replicas_that_never_part_blame_nobody_by_distance():
+    # the replay reproduced every history (a fault that repeats), or a step's sums were lost
+    assert drifted(_drifts(r0=[0.0, 0.0], r1=[0.0, 0.0]), [(0, 1)]) == ([], "")
+    assert drifted(_drifts(r0=[math.nan, 1.0], r1=[math.nan, 9.0]), [(0, 1)]) == ([], "")
+
+
+def test_each_disagreeing_group_is_judged_among_its_own_replicas():
+    # dp2 x tp2: replicas (0, 2) and (1, 3); only rank 2's group holds the corruption
+    reports = _drifts(r0=NOISE, r1=[1e-3] * 3, r2=[3e-7, 6e-5, 7e-5], r3=[1e-3] * 3)
+    assert drifted(reports, [(0, 2), (1, 3)])[0] == [2]
 
 
 def test_a_loss_spike_is_an_anomaly_and_ordinary_noise_is_not():

@@ -19,6 +19,10 @@ tell that from a fault a restart cures (worker/trainer/oom.py).
 CUDA fault raises: once, in the first generation, as a failing GPU would; with `repeat`, in
 every generation, as a fault of the job's own would (worker/trainer/device_fault.py).
 
+`chaos.nondeterministic` makes every backward differ bitwise between executions, as a GPU's
+kernels that accumulate with atomics do (`BackwardNoise`): the SDC replay then reproduces no
+rank's history, and must blame by distance (worker/trainer/sdc.py, `drifted`).
+
 `chaos.min_step_s` is no fault: it paces the steps (`StepFloor`), so a job lasts past the
 faults injected around it whatever the machine's speed.
 """
@@ -104,6 +108,30 @@ class BitFlips:
         with torch.no_grad():
             flip_bit(_local(t), f.bit)
         self.flipped(f.step, f.bit, name)
+
+
+class BackwardNoise:
+    """The gradient leaving each microbatch's logits, multiplied elementwise by factors within
+    2^-20 of one (a few units in the last place of fp32), drawn at every execution from a
+    generator nobody seeds. Each rank's local gradient then differs from any other execution's
+    while the replicas still agree after the reduction, as on a GPU whose backward kernels
+    accumulate with atomics. Off under deterministic algorithms (the spot check's passes), as
+    those kernels are."""
+
+    SPREAD = 2.0**-20
+
+    def __init__(self):
+        self.gen = torch.Generator()
+        self.gen.seed()  # from the OS: no two executions draw the same factors
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        if logits.requires_grad and not torch.are_deterministic_algorithms_enabled():
+            logits.register_hook(self._jitter)
+        return logits
+
+    def _jitter(self, grad: torch.Tensor) -> torch.Tensor:
+        u = torch.rand(grad.shape, generator=self.gen, dtype=grad.dtype).to(grad.device)
+        return grad * (1 + self.SPREAD * (2 * u - 1))
 
 
 class DeviceOoms:

@@ -47,7 +47,7 @@ from worker.progress import Collectives, counters_path
 from worker.snapshots import SnapshotPlan
 from worker.trainer.anomaly import AnomalyWatch
 from worker.trainer.at_rest import AtRestCheck
-from worker.trainer.chaos import BitFlips, DeviceErrors, DeviceOoms, StepFloor
+from worker.trainer.chaos import BackwardNoise, BitFlips, DeviceErrors, DeviceOoms, StepFloor
 from worker.trainer.checkpoint import Checkpointer, restored_line
 from worker.trainer.device_fault import DeviceFault, explain_fault, is_device_fault
 from worker.trainer.distributed import hold_timeouts, init_distributed, shutdown_distributed
@@ -435,6 +435,8 @@ def run(args: argparse.Namespace, restartable: bool = False) -> int:
             if spec.chaos and spec.chaos.device_error
             else None
         )
+        if spec.chaos and spec.chaos.nondeterministic:
+            trainer.backward_noise = BackwardNoise()
         paced = spec.chaos is not None and spec.chaos.min_step_s is not None
         pace = StepFloor(spec.chaos.min_step_s) if paced else None
         spot = SpotCheck(spec, trainer, flips) if SpotCheck.applies(spec) else None

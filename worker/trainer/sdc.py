@@ -18,10 +18,19 @@ update), the rank whose whole state differs from its replay is blamed. A fault t
 replay blames nobody by replay; three or more replicas then fall back to the majority. So does
 a replay that reproduces no rank's history (`blame`): on a GPU the training's backward is not
 deterministic, and every replica would otherwise be blamed for it.
+
+Such a replay still names the rank by distance (`drifted`). The replicas' histories are
+bitwise equal until the corruption, and so are their replays (one reduction serves them all,
+and the update is elementwise), so their distances from the replay, each rank's own, are
+equal floats until the step the corruption hit. There the corrupted rank's jumps by the
+corruption, while its replicas' stays at the noise of a re-execution; it is blamed when its
+distance is many times the smallest, nobody otherwise. The distance is read from one float64
+sum per parameter tensor, kept every step beside the fingerprint.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -75,6 +84,13 @@ def fingerprint(tensors: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
         if tensors
         else torch.zeros(0, dtype=torch.int64)
     )
+
+
+@torch.no_grad()
+def sums(tensors: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
+    """float64 per tensor: the sum of its values. Unlike the fingerprint it moves by as much as
+    the values do, so two states' sums tell how far apart they lie, not only whether."""
+    return torch.stack([t.sum(dtype=torch.float64) for _, t in tensors])
 
 
 def _word_sum(t: torch.Tensor) -> torch.Tensor:
@@ -160,3 +176,35 @@ def blame(reports: list[dict], disagreeing: list[int]) -> list[int]:
         return [] if len(disagreeing) > 1 and at_first == sorted(disagreeing) else at_first
     changed = {r["rank"] for r in reports if r["changed"]}
     return sorted(r for r in disagreeing if r in changed)
+
+
+# How many times the smallest replica's distance from the replay a rank's must be, at the step
+# the replicas' distances part, to be blamed: a corruption moves a state by far more than the
+# re-execution noise of a few units in the last place (a flipped high mantissa bit, by a
+# quarter of the value at least); a flip too small to pass it is too small to name anyone.
+DECISIVE = 8.0
+
+
+def drifted(reports: list[dict], groups: list[tuple[int, ...]]) -> tuple[list[int], str]:
+    """The ranks blamed by their distance from the replay, and a sentence on it ([], "" when
+    none is). `reports`: every rank's `drift`, its parameters' distance from its replay after
+    each replayed step (NaN where the step's sums were not kept); `groups`: the disagreeing
+    replica groups. In each group, at the first step whose distances are not all equal, the
+    ranks whose distance is more than DECISIVE times the smallest."""
+    drift = {r["rank"]: r["drift"] for r in reports}
+    blamed, said = [], []
+    for group in groups:
+        for offset, column in enumerate(zip(*(drift[r] for r in group), strict=True)):
+            if any(math.isnan(d) for d in column):
+                break
+            if len(set(column)) > 1:
+                low = min(column)
+                far = [r for r, d in zip(group, column, strict=True) if d > DECISIVE * low]
+                blamed += far
+                if far:
+                    said.append(
+                        f"{offset + 1} step(s) into the replay rank(s) {far} lay "
+                        f"{max(column):.3g} from it, their replicas {low:.3g}"
+                    )
+                break
+    return sorted(set(blamed)), "; ".join(said)

@@ -4,6 +4,8 @@ docs/architecture.md, "Silent data corruption")."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -12,8 +14,10 @@ from worker.trainer.sdc import (
     ReplicaCheck,
     SilentCorruption,
     blame,
+    drifted,
     fingerprint,
     state_tensors,
+    sums,
 )
 from worker.trainer.snapshot import Snapshotter
 from worker.trainer.snapshot_state import _local, load
@@ -24,9 +28,10 @@ class CorruptionGuard:
     def __init__(self, check: ReplicaCheck, trainer: Trainer, snaps: Snapshotter | None):
         self.check, self.trainer, self.snaps = check, trainer, snaps
         self.clean_step: int | None = None  # newest step whose check passed
-        # this rank's parameter fingerprints per step since then: the replay finds the first
-        # step at which each rank's parameters left the clean trajectory
-        self.trail: dict[int, torch.Tensor] = {}
+        # this rank's parameters' fingerprints and sums per step since then: the replay finds
+        # the first step at which each rank's parameters left the clean trajectory, or, where
+        # it reproduces no history, how far from it each rank's lay (worker/trainer/sdc.py)
+        self.trail: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.params = [
             (n, _local(p.detach())) for part in trainer.parts for n, p in part.named_parameters()
         ]
@@ -35,8 +40,8 @@ class CorruptionGuard:
         return self.check.due(step)
 
     def record(self, step: int) -> None:
-        """After every step: the parameters' fingerprint, kept until the next check."""
-        self.trail[step] = fingerprint(self.params)
+        """After every step: the parameters' fingerprint and sums, kept until the next check."""
+        self.trail[step] = (fingerprint(self.params), sums(self.params))
 
     def verify(self, step: int) -> None:
         """Every rank, at the same step: returns when the replicas agree, raises
@@ -53,9 +58,7 @@ class CorruptionGuard:
 
     def _evidence(self, step: int, found: list[Disagreement], fp: torch.Tensor) -> dict:
         ranks = sorted({r for d in found for r in d.ranks})
-        replayed = self._replay(step, fp, ranks)
-        suspects = replayed or sorted({r for d in found for r in d.outvoted})
-        how = "replay" if replayed else "majority" if suspects else "nothing could tell"
+        suspects, how = self._blamed(found, ranks, self._replay(step, fp))
         first = found[0]
         detail = (
             f"DP replicas {first.ranks} disagree on {first.tensor} at step {step} (last agreed "
@@ -71,9 +74,26 @@ class CorruptionGuard:
             "detail": detail,
         }
 
-    def _replay(self, step: int, fp: torch.Tensor, ranks: list[int]) -> list[int]:
-        """Replay steps clean_step..step from this rank's checked snapshot on every rank;
-        the ranks the replay blames ([] when no rank has a checked snapshot to replay from)."""
+    @staticmethod
+    def _blamed(
+        found: list[Disagreement], ranks: list[int], reports: list[dict]
+    ) -> tuple[list[int], str]:
+        """(the ranks blamed, how): by the replay bit for bit, by their distance from it, by
+        a majority of replicas, or nobody."""
+        if reports:
+            replayed = blame(reports, ranks)
+            if replayed:
+                return replayed, "replay"
+            far, how_far = drifted(reports, sorted({tuple(d.ranks) for d in found}))
+            if far:
+                return far, f"distance from the replay ({how_far})"
+        outvoted = sorted({r for d in found for r in d.outvoted})
+        return outvoted, "majority" if outvoted else "nothing could tell"
+
+    def _replay(self, step: int, fp: torch.Tensor) -> list[dict]:
+        """Replay steps clean_step..step from this rank's checked snapshot on every rank; every
+        rank's report of it (`blame`, `drifted`), or [] when some rank has no checked snapshot
+        to replay from."""
         slot = self.snaps.checked_slot() if self.snaps is not None else None
         ok = slot is not None and slot[0]["step"] == self.clean_step  # its copy may have failed
         have = torch.tensor([int(ok)])
@@ -83,20 +103,24 @@ class CorruptionGuard:
         manifest, image = slot
         t = self.trainer
         load(t.parts, t.optimizers, t.schedulers, manifest, image)
-        diverged_at = None
+        diverged_at, drift = None, []
         for index in range(self.clean_step, step):
             t.train_step(index)
             kept = self.trail.get(index + 1)
-            if diverged_at is None and (
-                kept is None or bool((fingerprint(self.params) != kept).any())
-            ):
+            if kept is None:
+                diverged_at = diverged_at or index + 1
+                drift.append(math.nan)
+                continue
+            if diverged_at is None and bool((fingerprint(self.params) != kept[0]).any()):
                 diverged_at = index + 1
+            drift.append(float(torch.linalg.vector_norm(sums(self.params) - kept[1])))
         changed = bool((fingerprint(state_tensors(t.parts, t.optimizers)) != fp).any())
         mine = {
             "rank": t.ctx.rank,
             "diverged_at": diverged_at,
             "changed": changed,
+            "drift": drift,
         }
         reports: list = [None] * dist.get_world_size()
         dist.all_gather_object(reports, mine)
-        return blame(reports, ranks)
+        return reports

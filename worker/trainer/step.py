@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -119,6 +120,8 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = p.matmul_precision == "tf32"
         self.collectives = collectives or Collectives(None)
         self.vocab_sharded = vocab_sharded(p)
+        # chaos.nondeterministic's BackwardNoise (worker/trainer/chaos.py), applied to logits
+        self.backward_noise: Callable[[torch.Tensor], torch.Tensor] | None = None
         if weights:
             self.init_weights()
 
@@ -135,6 +138,8 @@ class Trainer:
     def _loss_fn(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         # Mean over the microbatch, pre-divided by the microbatch count: summing the
         # microbatches' gradients then gives the gradient of the local mean loss.
+        if self.backward_noise:
+            logits = self.backward_noise(logits)
         if self.vocab_sharded:
             # the head's output is this rank's vocab shard (parallel.py); loss_parallel()
             # (entered around forward and backward) computes the cross-entropy on the shards
