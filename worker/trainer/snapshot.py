@@ -19,7 +19,9 @@ and hands them to one background thread, which
    the same host memory is held by a hard link to its file, which the ward makes itself
    (`_meet` finds such pairs once): no bytes move, only the step linked, and the copy still
    outlives the ward's directory. Only a ward on another host sends its bytes over the
-   network.
+   network, and it streams them: the offer goes out when the slot is claimed, before step 1
+   copies a byte, and each chunk leaves as soon as step 1 has written it, so the copy and
+   the network overlap instead of adding up.
 The training thread waits for both steps, and only just before the next optimizer step would
 change the tensors being copied (`wait_held`, called as the step's `before_update`): a rank
 never updates past a step whose copy its holder lacks.
@@ -40,7 +42,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -78,9 +80,11 @@ from worker.trainer.snapshot_state import (
     write_stamp,
 )
 from worker.trainer.snapshot_wire import (
+    SEND_CHUNK_BYTES,
+    ImageReceipt,
+    ImageStream,
     isend_answer,
     isend_held,
-    isend_image,
     isend_offer,
     recv_answer,
     recv_held,
@@ -144,6 +148,39 @@ class Copied:
     image: torch.Tensor | None = None  # the slot's mapped file
     error: str = ""
     copied: int = 0  # bytes the copy moved; the rest of the slot was reduced into it
+
+
+@dataclass
+class Claimed:
+    """A slot claimed for one snapshot, its manifest written out, its bytes not yet copied."""
+
+    ring: Ring
+    index: int
+    bin: Path
+    manifest_path: Path
+    image: torch.Tensor
+    manifest: dict
+    rest: list[tuple[str, torch.Tensor]]  # what the copy writes (the rest is in the slot)
+    dst: list[torch.Tensor]  # where each goes
+    ends: list[int]  # where each ends in the image
+    base: int  # the step of the whole snapshot its chain starts from
+
+
+def batches(ends: list[int], chunk: int | None) -> list[tuple[int, int, int]]:
+    """(first, past the last, the byte it ends at) of each run of tensors copied in one call:
+    all of them for `chunk` None; otherwise a run ends at the first tensor that reaches the
+    end of a streamed chunk (snapshot_wire.chunks), so that chunk can leave before the next
+    run's copy."""
+    if chunk is None:
+        return [(0, len(ends), ends[-1])] if ends else []
+    out, first, bound = [], 0, HEADER_BYTES + chunk
+    for i, end in enumerate(ends):
+        if end >= bound or i == len(ends) - 1:
+            out.append((first, i + 1, end))
+            first = i + 1
+            while bound <= end:
+                bound += chunk
+    return out
 
 
 class Ring:
@@ -328,11 +365,13 @@ class Snapshotter:
         parts: list[nn.Module],
         pin_checked: bool = False,
         timeout_s: float = 1800.0,
+        chunk_bytes: int = SEND_CHUNK_BYTES,
     ):
         """`parts`: the model parts whose state `take` will be handed (with logged steps,
         their FSDP groups reduce gradients into the logged-step slots); `pin_checked`: keep
         the newest snapshot taken after a passed corruption check; `timeout_s`: the buddy
-        groups' collective timeout."""
+        groups' collective timeout; `chunk_bytes`: the unit a buddy copy streams in (the
+        same on every rank)."""
         self.plan, self.rank, self.device, self.report = plan, rank, device, report
         self.holder = plan.holders.get(rank)
         self.wards = plan.wards(rank)
@@ -361,7 +400,8 @@ class Snapshotter:
         self.thread = ThreadPoolExecutor(
             1, thread_name_prefix="snapshot", initializer=_yield_to_training
         )
-        self.copying: Future | None = None
+        self.copying: tuple[Future, Future] | None = None  # (its copy, its exchange)
+        self.chunk = chunk_bytes
         self.exchanges: list[Future] = []
         # Seconds the training thread spent on each snapshot (by step: taking it, then waiting
         # for its exchange), until its line reports them as `blocking_s` (the goodput ledger's
@@ -468,15 +508,18 @@ class Snapshotter:
             ready.record()
         prev = tail if logged else None
         slot = grads[2] if logged else None
-        self.copying = self.thread.submit(self._copy, step, captured, ready, checked, prev, slot)
-        self.exchanges.append(self.thread.submit(self._exchange, self.copying))
+        copying: Future = Future()  # resolved by the exchange once its copy is done
+        snapshot = (step, captured, ready, checked, prev, slot)
+        self.exchanges.append(self.thread.submit(self._exchange, copying, *snapshot))
+        self.copying = (copying, self.exchanges[-1])
         self.newest = step
         self.blocked[step] = self.blocked.get(step, 0.0) + time.perf_counter() - started
 
     def wait_copied(self) -> None:
-        """Block until the in-flight copy no longer reads the live tensors."""
+        """Block until the in-flight copy no longer reads the live tensors (or its exchange
+        ended without it: cancelled by `abandon`)."""
         if self.copying is not None:
-            self.copying.result()
+            wait(self.copying, return_when=FIRST_COMPLETED)
 
     def wait_held(self) -> None:
         """Block until the newest snapshot's exchange ended: its holder has its copy, or a peer
@@ -518,18 +561,18 @@ class Snapshotter:
             discard_after(d, self.plan.generation, step)
 
     # -- the background thread --------------------------------------------------------------
-    def _copy(
+    def _claim(
         self,
         step: int,
         captured: Captured,
-        ready,
         checked: bool,
         prev: Tail | None,
         slot: GradSlot | str | None,
-    ) -> Copied:
-        """Write a slot: a logged step on `prev` into the step's `slot` (claimed by
-        `GradSlots`; a string: why there is none), or (None) the whole state into the next
-        slot of the whole ring."""
+    ) -> Claimed | Copied:
+        """The slot this snapshot goes into, with its manifest, before any byte is copied: a
+        logged step on `prev` into the step's `slot` (claimed by `GradSlots`; a string: why
+        there is none), or (None) the whole state into the next slot of the whole ring. A
+        Copied with its error where there is none."""
         self.tail = None  # until this slot is committed, nothing may log on it
         if self.broken:
             # A buddy is gone, so the job is about to recover, from the newest step whose
@@ -543,7 +586,7 @@ class Snapshotter:
                 ring, rest = self.own.whole, captured.tensors
                 lay, nbytes = self._layout(whole, rest, HEADER_BYTES)
                 i, bin_path, man_path, image = ring.claim(nbytes)
-                dst = ring.destinations(bin_path, lay)
+                rest_lay = lay
             else:
                 ring, i, bin_path = self.own.grads, slot.index, slot.bin
                 man_path, image = slot.manifest_path, slot.image
@@ -552,34 +595,49 @@ class Snapshotter:
                 if nbytes > image.numel():
                     raise RuntimeError(f"a logged step of {nbytes} bytes outgrew its slot")
                 ring.reserve(bin_path, nbytes)
-                lay, dst = there + rest_lay, ring.destinations(bin_path, rest_lay)
-            if self.side is not None:
-                with torch.cuda.stream(self.side):
-                    self.side.wait_event(ready)
-                    copy_into(dst, rest)
-                self.side.synchronize()
-            else:
-                copy_into(dst, rest)
-            manifest = {
-                "id": secrets.token_hex(8),  # tells this slot from any other (snapshot_wire)
-                "step": step,
-                "generation": self.plan.generation,
-                "rank": self.rank,
-                "nbytes": nbytes,
-                "tensors": lay,
-                "state": captured.state,
-                "checked": checked,
-                "kind": "whole" if whole else "grads",
-            }
-            if not whole:
-                manifest["prev"] = prev.id  # worker/snapshots.py `chains`
-            write_stamp(image, manifest)  # the bytes are the manifest's from here on
-            raw = ring.commit(i, man_path, manifest)
-            self.tail = Tail(step, manifest["id"], step if whole else prev.base)
-            copied = sum(t.nbytes for _, t in rest)
-            return Copied(step, bin_path, manifest, raw, image, copied=copied)
+                lay = there + rest_lay
         except (OSError, RuntimeError) as e:
             return Copied(step, None, None, error=f"{type(e).__name__}: {e}")
+        manifest = {
+            "id": secrets.token_hex(8),  # tells this slot from any other (snapshot_wire)
+            "step": step,
+            "generation": self.plan.generation,
+            "rank": self.rank,
+            "nbytes": nbytes,
+            "tensors": lay,
+            "state": captured.state,
+            "checked": checked,
+            "kind": "whole" if whole else "grads",
+        }
+        if not whole:
+            manifest["prev"] = prev.id  # worker/snapshots.py `chains`
+        dst = ring.destinations(bin_path, rest_lay)
+        ends = [off + n for *_, off, n in rest_lay]
+        base = step if whole else prev.base
+        return Claimed(ring, i, bin_path, man_path, image, manifest, rest, dst, ends, base)
+
+    def _fill(self, c: Claimed, ready, stream: ImageStream | None) -> Copied:
+        """Copy the claimed slot's tensors and commit it; with `stream`, each chunk leaves
+        for the holder as soon as it is written (worker/trainer/snapshot_wire.py)."""
+        step = c.manifest["step"]
+        try:
+            for lo, hi, end in batches(c.ends, self.chunk if stream else None):
+                if self.side is not None:
+                    with torch.cuda.stream(self.side):
+                        self.side.wait_event(ready)
+                        copy_into(c.dst[lo:hi], c.rest[lo:hi])
+                    self.side.synchronize()
+                else:
+                    copy_into(c.dst[lo:hi], c.rest[lo:hi])
+                if stream:
+                    stream.upto(end)
+            write_stamp(c.image, c.manifest)  # the bytes are the manifest's from here on
+            raw = c.ring.commit(c.index, c.manifest_path, c.manifest)
+        except (OSError, RuntimeError) as e:
+            return Copied(step, None, None, error=f"{type(e).__name__}: {e}")
+        self.tail = Tail(step, c.manifest["id"], c.base)
+        copied = sum(t.nbytes for _, t in c.rest)
+        return Copied(step, c.bin, c.manifest, raw, c.image, copied=copied)
 
     def _layout(self, whole: bool, tensors: list, start: int) -> tuple[list, int]:
         """`layout` of the tensors a whole snapshot or a logged step copies, made again only
@@ -591,38 +649,49 @@ class Snapshotter:
             known = self._layouts[whole] = (key, *layout(tensors, start))
         return known[1], known[2]
 
-    def _exchange(self, copying: Future) -> dict:
-        """Offer this rank's slot to its holder; take each ward's into held/ (the phases of
-        worker/trainer/snapshot_wire.py: every offer, then every answer, then the images).
-        A failure of the group (a peer died) stops all further snapshots (`_copy`)."""
+    def _exchange(self, copying: Future, *snapshot) -> dict:
+        """Take one snapshot (`_pair_up`), resolving `copying` once its copy is done. A
+        failure of a buddy group (a peer died) stops all further snapshots (`_claim`)."""
         try:
-            return self._pair_up(copying)
+            return self._pair_up(copying, *snapshot)
         except RuntimeError as e:  # gloo's errors (DistBackendError is one)
             self.broken = f"{type(e).__name__}: {e}"[:300]
             raise
+        finally:
+            if not copying.done():
+                failed = self.broken or "the exchange failed before the copy"
+                copying.set_result(Copied(snapshot[0], None, None, error=failed))
 
-    def _pair_up(self, copying: Future) -> dict:
-        copied: Copied = copying.result()
-        offered = self.holder is not None and copied.manifest is not None
-        held, via, errors = {}, {}, [copied.error] if copied.error else []
+    def _pair_up(
+        self,
+        copying: Future,
+        step: int,
+        captured: Captured,
+        ready,
+        checked: bool,
+        prev: Tail | None,
+        slot: GradSlot | str | None,
+    ) -> dict:
+        """Copy this rank's slot, hand it to its holder, and take each ward's into held/, in
+        phases every rank runs alike (worker/trainer/snapshot_wire.py): the offers and answers
+        first, which wait on no copy, so no cycle of buddies can deadlock; then this rank's
+        copy, streamed to a holder on another host as it is written; then what the wards
+        send."""
+        got = self._claim(step, captured, checked, prev, slot)
+        claimed = got if isinstance(got, Claimed) else None
+        remote = self.holder is not None and not self.holder_here
         sends = []
-        if self.holder_here:  # link it into the holder's ring here, and say which step
-            linked = None
-            if offered:
-                try:
-                    self._hold_local(self.rank, copied.bin, copied.manifest, copied.raw)
-                    linked = copied.step
-                except (OSError, RuntimeError) as e:
-                    errors.append(f"copy for rank {self.holder}: {type(e).__name__}: {e}")
-            sends = isend_held(linked, self.holder, self._to(self.holder))
-        elif self.holder is not None:
-            nbytes = copied.manifest["nbytes"] if offered else 0
-            sends = isend_offer(copied.raw, nbytes, copied.bin, self.holder, self._to(self.holder))
+        if remote:
+            group = self._to(self.holder)
+            if claimed is None:
+                sends += isend_offer(None, 0, None, self.holder, group)
+            else:
+                raw, nbytes = encode_manifest(claimed.manifest), claimed.manifest["nbytes"]
+                sends += isend_offer(raw, nbytes, claimed.bin, self.holder, group)
+        held, via, errors = {}, {}, []
         incoming = []  # (ward, offer, held slot): bytes that come over the network
         for w in self.wards:
-            if w in self.wards_here:  # linked by the ward itself
-                if (step := recv_held(w, self._to(w))) is not None:
-                    held[str(w)], via[str(w)] = step, "link"
+            if w in self.wards_here:  # linked by the ward itself, after its copy
                 continue
             offer = recv_offer(w, self._to(w))
             if offer is None:
@@ -632,25 +701,47 @@ class Snapshotter:
                 m = offer.manifest
                 if m.get("generation") != self.plan.generation or m.get("rank") != w:
                     raise ValueError(f"rank {w} offered a snapshot of another world: {m}"[:300])
-                if offer.visible():  # on this host after all (`_meet` found otherwise)
-                    how = self._hold_local(w, offer.path, m, offer.raw)
-                    held[str(w)], via[str(w)] = m["step"], how
-                else:
-                    need = True
-                    ring = self.held[w].of(m)
-                    i, _, man_path, image = ring.claim(offer.nbytes)
-                    incoming.append((w, ring, offer, i, man_path, image))
+                ring = self.held[w].of(m)
+                i, _, man_path, image = ring.claim(offer.nbytes)
+                need = True
             except (OSError, RuntimeError, ValueError) as e:
                 errors.append(f"copy of rank {w}: {type(e).__name__}: {e}")
             sends += isend_answer(need, w, self._to(w))
-        if offered and not self.holder_here and recv_answer(self.holder, self._to(self.holder)):
-            sends += isend_image(
-                copied.image, copied.manifest["nbytes"], self.holder, self._to(self.holder)
-            )
-        for w, ring, offer, i, man_path, image in incoming:
-            dist.recv(image[: offer.nbytes], w, group=self._to(w))
-            ring.commit(i, man_path, offer.manifest, offer.raw)
-            held[str(w)], via[str(w)] = offer.manifest["step"], "network"
+            if need:
+                incoming.append((w, ring, offer, i, man_path, image))
+        stream = None
+        if claimed is not None and remote and recv_answer(self.holder, self._to(self.holder)):
+            nbytes = claimed.manifest["nbytes"]
+            group = self._to(self.holder)
+            stream = ImageStream(claimed.image, nbytes, self.holder, group, self.chunk)
+        # after the holder's answer: a pair's messages match their receives in order
+        receipts = [
+            ImageReceipt(image, offer.nbytes, w, self._to(w), self.chunk)
+            for w, _, offer, _, _, image in incoming
+        ]
+        copied = self._fill(claimed, ready, stream) if claimed is not None else got
+        copying.set_result(copied)
+        errors += [copied.error] if copied.error else []
+        if stream is not None:
+            sends += stream.end(copied.bin is not None)
+        if self.holder_here:  # link it into the holder's ring here, and say which step
+            linked = None
+            if copied.bin is not None:
+                try:
+                    self._hold_local(self.rank, copied.bin, copied.manifest, copied.raw)
+                    linked = copied.step
+                except (OSError, RuntimeError) as e:
+                    errors.append(f"copy for rank {self.holder}: {type(e).__name__}: {e}")
+            sends += isend_held(linked, self.holder, self._to(self.holder))
+        for w in sorted(self.wards_here):
+            if (linked := recv_held(w, self._to(w))) is not None:
+                held[str(w)], via[str(w)] = linked, "link"
+        for (w, ring, offer, i, man_path, _), receipt in zip(incoming, receipts, strict=True):
+            if receipt.complete():
+                ring.commit(i, man_path, offer.manifest, offer.raw)
+                held[str(w)], via[str(w)] = offer.manifest["step"], "network"
+            else:
+                errors.append(f"copy of rank {w}: its own copy failed after its offer")
         for s in sends:
             s.wait()
         line = {"event": "snapshot", "step": copied.step, "ok": copied.bin is not None}

@@ -10,7 +10,13 @@ recovery"): used for buddy copies (worker/trainer/snapshot.py) and for restoring
    sender's file itself (`visible`): both ranks share host memory, so a local copy (or, for a
    restore, no copy at all) replaces a trip through the network stack, which on one host
    costs several times a memory copy's CPU time.
-3. If the bytes are needed, the sender sends the image.
+3. If the bytes are needed, the sender sends the image. A buddy copy streams it
+   (`ImageStream`): the offer goes out before the sender's own copy starts, since the
+   manifest is known from the layout, and each chunk of `SEND_CHUNK_BYTES` leaves as soon
+   as the copy has written it, so the network carries one chunk while the copy writes the
+   next (on a GPU, the device-to-host copy). The header, whose stamp the copy writes last,
+   travels last, then one flag: whether the copy completed. A copy that failed after its
+   offer leaves the holder's slot uncommitted.
 
 Each step is posted by every rank before anyone waits on the next (sends are asynchronous), so
 a ring of ranks that are each other's buddies never deadlocks.
@@ -32,7 +38,11 @@ import orjson
 import torch
 import torch.distributed as dist
 
-from worker.snapshots import holds
+from worker.snapshots import HEADER_BYTES, holds
+
+# A buddy copy's unit: large enough that a message's fixed costs vanish, small enough that
+# the copy and the network overlap on a slot of a few hundred MB.
+SEND_CHUNK_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,59 @@ def recv_answer(src: int, group=None) -> bool:
 
 def isend_image(image: torch.Tensor, nbytes: int, dst: int, group=None) -> list:
     return [dist.isend(image[:nbytes], dst, group=group)]
+
+
+def chunks(nbytes: int, chunk: int) -> list[tuple[int, int]]:
+    """The byte ranges an image of `nbytes` streams in, in order: the tensors' bytes in pieces
+    of `chunk`, then the header with the stamp (a holder's bytes are a complete image only
+    once the last range arrived)."""
+    return [(a, min(a + chunk, nbytes)) for a in range(HEADER_BYTES, nbytes, chunk)] + [
+        (0, HEADER_BYTES)
+    ]
+
+
+class ImageStream:
+    """One image sent to its holder while it is being written: a chunk once every byte below
+    its end is final (`upto`), what is left and the header at `end`, then whether the image
+    is complete."""
+
+    def __init__(self, image: torch.Tensor, nbytes: int, dst: int, group, chunk: int):
+        self.image, self.dst, self.group = image, dst, group
+        self.pending = chunks(nbytes, chunk)
+        self.works: list = []
+
+    def upto(self, end: int) -> None:
+        """Bytes below `end` are written: send the chunks that lie there (never the header)."""
+        while len(self.pending) > 1 and self.pending[0][1] <= end:
+            self._send(*self.pending.pop(0))
+
+    def end(self, complete: bool) -> list:
+        """The rest, the header and the flag; the works to wait on."""
+        for a, b in self.pending:
+            self._send(a, b)
+        self.pending = []
+        flag = torch.tensor([int(complete)], dtype=torch.int64)
+        self.works.append(dist.isend(flag, self.dst, group=self.group))
+        return self.works
+
+    def _send(self, a: int, b: int) -> None:
+        self.works.append(dist.isend(self.image[a:b], self.dst, group=self.group))
+
+
+class ImageReceipt:
+    """An `ImageStream`'s receives, posted before this rank's own copy starts, so the bytes
+    flow while both ranks copy (gloo moves a message only once its receive is posted)."""
+
+    def __init__(self, image: torch.Tensor, nbytes: int, src: int, group, chunk: int):
+        self.flag = torch.empty(1, dtype=torch.int64)
+        self.works = [dist.irecv(image[a:b], src, group=group) for a, b in chunks(nbytes, chunk)]
+        self.works.append(dist.irecv(self.flag, src, group=group))
+
+    def complete(self) -> bool:
+        """Wait for every byte; whether the sender's copy completed."""
+        for w in self.works:
+            w.wait()
+        return bool(self.flag.item())
 
 
 def isend_held(step: int | None, dst: int, group=None) -> list:
