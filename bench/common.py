@@ -40,6 +40,24 @@ def own_memory(argv: list[str], size: str = "8g") -> list[str]:
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *argv]
 
 
+def start_apart(argv: list[str], world: int, port: int) -> list[subprocess.Popen]:
+    """`world` ranks of `argv` (torch's env:// rendezvous on `port`), each as on a host of its
+    own (`own_memory`); stdout and stderr piped, as text."""
+    env = {**ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world)}
+    env |= {"LOCAL_WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    return [
+        subprocess.Popen(
+            own_memory(argv),
+            cwd=ROOT,
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(world)
+    ]
+
+
 def spec_file(spec: dict, directory: Path) -> Path:
     path = directory / "job.yaml"
     path.write_text(yaml.safe_dump(spec))

@@ -49,7 +49,6 @@ import argparse
 import json
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -60,7 +59,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ENV, ROOT, own_memory, spec_file, torchrun  # noqa: E402
+from bench.common import spec_file, start_apart, torchrun  # noqa: E402
 from services.procs import free_port  # noqa: E402
 from services.spec import SnapshotSpec  # noqa: E402
 
@@ -299,19 +298,7 @@ def weighted_interval(
 def two_hosts(args: list[str]) -> None:
     """The two ranks as if on two hosts: each in memory of its own (bench/common.py), so the
     buddy copies cross the network stack (loopback here) instead of being memory copies."""
-    env = {**ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
-    env |= {"LOCAL_WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-    procs = [
-        subprocess.Popen(
-            own_memory([sys.executable, *args]),
-            cwd=ROOT,
-            env={**env, "RANK": str(r)},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
+    procs = start_apart([sys.executable, *args], 2, free_port())
     errors = [p.communicate()[1] for p in procs]
     if any(p.returncode for p in procs):
         sys.exit(f"benchmark run on two hosts failed:\n{errors[0][-1500:]}\n{errors[1][-1500:]}")

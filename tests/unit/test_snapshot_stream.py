@@ -13,39 +13,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from bench.common import start_apart
 from services.procs import free_port
 
 CHUNK = 4096
 STEPS = 6
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, list[dict]]:
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    env |= {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", "LOCAL_RANK": "0", "PYTHONPATH": str(ROOT)}
-    # as on a host of its own: no process outside sees the slots (bench/common.py own_memory)
-    script = 'mount -t tmpfs -o size=1g tmpfs /dev/shm && exec "$@"'
-    argv = [sys.executable, "-m", "tests.unit.test_snapshot_stream"]
-    unshare = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"]
-    procs = [
-        subprocess.Popen(
-            [*unshare, *argv],
-            cwd=ROOT,
-            env={**env, "RANK": str(r)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
+    # as on hosts of their own: no process outside a rank sees its slots
+    procs = start_apart([sys.executable, "-m", "tests.unit.test_snapshot_stream"], 2, free_port())
     outs = [p.communicate(timeout=180) for p in procs]
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, f"this test needs root (unshare, mount): {err[-3000:]}"

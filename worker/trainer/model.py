@@ -174,7 +174,6 @@ class Transformer(nn.Module):
         return F.linear(h, self.embed.weight)
 
     @torch.no_grad()
-    @torch.no_grad()
     def init_weights(self, seed: int) -> None:
         """Write every parameter this rank holds (a whole tensor or its DTensor shard) and the
         RoPE tables. Each element's value is a function of (`param_seed`, its index in the full

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
 
-from services.spec import JobSpec
+from services.spec import JobSpec, has_replicas
 from worker.trainer.parallel import RankContext
 from worker.trainer.snapshot_state import _local
 
@@ -138,10 +138,8 @@ class ReplicaCheck:
 
     @staticmethod
     def applies(spec: JobSpec) -> bool:
-        """Replicas exist: data parallel without ZeRO sharding (and, with experts split over
-        ep, more than one replica of each expert shard)."""
-        p = spec.parallel
-        return spec.sdc.enabled and p.dp // p.ep > 1 and p.zero == 0
+        """Checks are on and replicas exist (services/spec.py `has_replicas`)."""
+        return spec.sdc.enabled and has_replicas(spec.parallel)
 
     def due(self, step: int) -> bool:
         return step % self.every == 0
