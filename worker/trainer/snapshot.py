@@ -420,6 +420,10 @@ class Snapshotter:
             self.slots = GradSlots(self.own.grads, copyable_bytes(parts))
             reduce_into(parts, self.slots)
         self.broken = ""  # why an exchange failed: its holder or a ward is gone
+        # The works of the exchange in progress, and of every one that failed midway: gloo may
+        # still read or write their tensors (a receive posted into a flag), so they live as
+        # long as this snapshotter, never freed under a pending operation.
+        self.in_flight: list[list] = []
         self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def _to(self, peer: int) -> dist.ProcessGroup:
@@ -680,7 +684,8 @@ class Snapshotter:
         got = self._claim(step, captured, checked, prev, slot)
         claimed = got if isinstance(got, Claimed) else None
         remote = self.holder is not None and not self.holder_here
-        sends = []
+        sends: list = []
+        self.in_flight.append(sends)
         if remote:
             group = self._to(self.holder)
             if claimed is None:
@@ -719,6 +724,7 @@ class Snapshotter:
             ImageReceipt(image, offer.nbytes, w, self._to(w), self.chunk)
             for w, _, offer, _, _, image in incoming
         ]
+        self.in_flight.append(receipts)
         copied = self._fill(claimed, ready, stream) if claimed is not None else got
         copying.set_result(copied)
         errors += [copied.error] if copied.error else []
@@ -744,6 +750,7 @@ class Snapshotter:
                 errors.append(f"copy of rank {w}: its own copy failed after its offer")
         for s in sends:
             s.wait()
+        self.in_flight = [w for w in self.in_flight if w is not sends and w is not receipts]
         line = {"event": "snapshot", "step": copied.step, "ok": copied.bin is not None}
         if copied.manifest is not None:
             line["kind"] = copied.manifest["kind"]
