@@ -152,7 +152,8 @@ class Copied:
 
 @dataclass
 class Claimed:
-    """A slot claimed for one snapshot, its manifest written out, its bytes not yet copied."""
+    """A slot claimed for one snapshot: its manifest known (the offer can go out), its bytes
+    not yet copied."""
 
     ring: Ring
     index: int
