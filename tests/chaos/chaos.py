@@ -171,6 +171,12 @@ def survives_one_kill(
             120,
             f"rank 0's commit of step {committed}",
         )
+        # the recovery restores what the controller knows of, which trails rank 0's line
+        w.until(
+            lambda j: j.last_checkpoint is not None and j.last_checkpoint.step >= committed,
+            120,
+            f"the controller's record of checkpoint {committed}",
+        )
     wait_record(metrics_path(stack, j1, 1), at_step(kill_at), 120, f"rank 1 at step {kill_at}")
     kill(victim.pid)
     j = w.finish()
