@@ -33,6 +33,9 @@ from services.store import Tx
 
 log = logging.getLogger("meshkeeper.scheduler")
 KEEP_RECORDS = 50  # recoveries kept on the job, newest last
+# A job's store keeps every generation's rendezvous keys (a TCPStore lists none, so none can be
+# dropped by generation): a new store on a fresh port after this many bounds what it holds.
+STORE_GENERATIONS = 16
 
 
 def enact(ctx: Pass, view: JobView, d: Decision) -> bool:
@@ -152,10 +155,13 @@ def start_generation(
     *,
     tp_split: bool = False,
     event: tuple[str, str, str] | None = None,
+    store_served: bool = False,
 ) -> Assignment:
     """Add generation+1 to `tx`: the assignment, every worker's pointer, and the release of
     workers of `old` that the new generation no longer uses. Agents of a superseded
-    generation stop their trainers; a fresh rendezvous port fences them out.
+    generation stop their trainers; the new generation's own key space in the job's store
+    fences out any that still run (`job_store`). `store_served`: some rank of `old` met on
+    its store, so it works and may be kept.
 
     With snapshots on, the assignment names each rank's snapshot holder and, after a recovery
     (`old` given) that kept the mesh, where each rank's state from `old` lives
@@ -163,8 +169,10 @@ def start_generation(
     k = ctx.keys
     wids = list(dict.fromkeys([r.wid for r in layout.ranks] + layout.spares))
     infos = registered(ctx, wids)
-    master = infos[layout.ranks[0].wid].get("address", "127.0.0.1")
     gen = job.generation + 1
+    master, port, store_wid, store_since = job_store(
+        ctx, layout, old if store_served else None, gen, infos
+    )
     p = job.spec.parallel
     reshaped = (layout.shape.dp, layout.shape.pp, layout.shape.tp) != (p.dp, p.pp, p.tp)
     snap = job.spec.snapshot
@@ -178,7 +186,7 @@ def start_generation(
         gen,
         layout.shape,
         master,
-        pick_port(ctx, master),
+        port,
         layout.ranks,
         layout.spares,
         tp_split,
@@ -187,6 +195,8 @@ def start_generation(
         old.generation if sources is not None else None,
         sources,
         dp_labels(old, layout),
+        store_wid,
+        store_since,
     )
     job.generation = gen
     job.current = (
@@ -261,6 +271,25 @@ def _where(asg: Assignment) -> str:
     )
 
 
+def job_store(
+    ctx: Pass, layout: Layout, old: Assignment | None, gen: int, infos: dict[str, dict]
+) -> tuple[str, int, str, int]:
+    """Where generation `gen` rendezvouses: (address, port, the worker whose agent hosts the
+    store, the generation its store started at). The store of `old` is kept while its worker
+    still runs ranks and for at most STORE_GENERATIONS generations; else the store moves to
+    rank 0's worker, on a fresh port."""
+    if (
+        old is not None
+        and any(r.wid == old.store_wid for r in layout.ranks)
+        and old.store_since is not None
+        and gen - old.store_since < STORE_GENERATIONS
+    ):
+        return old.master_addr, old.master_port, old.store_wid, old.store_since
+    wid = layout.ranks[0].wid
+    master = infos[wid].get("address", "127.0.0.1")
+    return master, pick_port(ctx, master), wid, gen
+
+
 def pick_port(ctx: Pass, master: str) -> int:
     """A fresh rendezvous port, not one an open job on the same host uses."""
     used = set()
@@ -313,7 +342,16 @@ def _next_generation(
     tx = Tx()
     quarantine.write(tx, ctx, job.id, job.generation, blame)
     event = "RecoveryStarted" if kind == "Warning" else reason
-    start_generation(ctx, job, layout, view.asg, "Recovering", tx, event=(kind, event, msg))
+    start_generation(
+        ctx,
+        job,
+        layout,
+        view.asg,
+        "Recovering",
+        tx,
+        event=(kind, event, msg),
+        store_served=any(r.rendezvous_at is not None for r in view.ranks),
+    )
     # decided once the new generation is computed, so decide_s includes that work (it grows
     # with the job: bench/scale.py); the record is written with the generation, in one commit
     record.decided_at = ctx.store.now()

@@ -15,6 +15,10 @@ from dataclasses import dataclass, field
 from services.mesh import Coord, MeshShape
 from services.store import Store, loads
 
+# The environment variable that gives a trainer its generation's key space in the job's store
+# (Assignment.store_space); unset, rank 0's trainer hosts a store of its own (torch's env://).
+STORE_SPACE_ENV = "MESHKEEPER_STORE_SPACE"
+
 # agent-reported: starting -> running -> succeeded | suspended | failed | stopped (suspended:
 # stopped and committed on request, services/records.py EXIT_SUSPENDED)
 # controller-derived: assigned (no report yet in this generation), lost (worker silent),
@@ -72,6 +76,12 @@ class Assignment:
     # renumbers the replicas it keeps (ranks must be dense), and the page still names each by
     # the place it was submitted at (controller/apply.py `dp_labels`).
     dp_labels: list[int] | None = None
+    # The job's rendezvous store (docs/architecture.md, "Rendezvous"): the worker whose agent
+    # hosts it at master_addr:master_port, and the generation it was started for; each
+    # generation rendezvouses in a key space of its own on it. None: rank 0's trainer hosts a
+    # store of this generation's own (an assignment written before the job store existed).
+    store_wid: str | None = None
+    store_since: int | None = None
 
     @functools.cached_property
     def labels(self) -> list[int]:
@@ -104,6 +114,12 @@ class Assignment:
         """The workers that run ranks (not spares)."""
         return frozenset(r.wid for r in self.ranks)
 
+    @property
+    def store_space(self) -> str | None:
+        """This generation's key space in the job's store: a trainer of another generation
+        (a superseded one still running) never meets this one's keys. None: no job store."""
+        return None if self.store_wid is None else f"meshkeeper/g{self.generation}"
+
     def ranks_of(self, wid: str) -> list[RankEntry]:
         return [r for r in self.ranks if r.wid == wid]
 
@@ -123,6 +139,9 @@ class Assignment:
             if self.restore_sources is None
             else {"generation": self.restore_generation, "sources": self.restore_sources},
             "dp_labels": self.dp_labels,
+            "store": None
+            if self.store_wid is None
+            else {"wid": self.store_wid, "since": self.store_since},
         }
         out.update({f"rank:{r.rank}": r.to_json() for r in self.ranks})
         return out
@@ -145,6 +164,7 @@ class Assignment:
                     )
                 )
             restore = loads(h.get("restore"))
+            store = loads(h.get("store"))
             return cls(
                 h["job"],
                 int(h["generation"]),
@@ -159,6 +179,8 @@ class Assignment:
                 int(restore["generation"]) if restore else None,
                 _int_map(restore["sources"]) if restore else None,
                 loads(h.get("dp_labels")),
+                str(store["wid"]) if store else None,
+                int(store["since"]) if store else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -76,17 +77,30 @@ def killed_in_place(stack: Stack, w, j1, victim: int):
     world = len(j1.mesh.ranks)
     assert rec.restored_from == {str(r): "memory" for r in range(world)}, rec
     assert {(r.rank, r.worker) for r in j.mesh.ranks} == {(r.rank, r.worker) for r in j1.mesh.ranks}
+    # the job's store, which rank 0's agent hosts, served the new generation too
+    assert (j.mesh.generation, j.mesh.rendezvous) == (j1.mesh.generation + 1, j1.mesh.rendezvous)
     assert gone(killed.pid)
     return j
+
+
+def listening(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def test_killed_rank_on_a_one_node_job_restarts_in_place_from_memory(node, uninterrupted):
     spec = mesh_spec("node-kill", parallel={"dp": 2, "tp": 2}, spares=0)
     want = uninterrupted(spec)
     w, j1 = start(node, spec)
-    killed_in_place(node, w, j1, victim=1)
+    # rank 0: before the job's store, its trainer hosted the rendezvous, which went with it
+    killed_in_place(node, w, j1, victim=0)
     j = w.finish()
     succeeded(node, j)
+    host, port = j.mesh.rendezvous.split(":")
+    wait_until(lambda: not listening(host, int(port)), 30, "the job's store to stop with the job")
     assert len(j.recoveries) == 1, j.recoveries
     assert_curve(node, j, want, exact=True)
 

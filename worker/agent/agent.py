@@ -31,7 +31,7 @@ from pathlib import Path
 import redis
 from pydantic import ValidationError
 
-from services.assignment import Assignment
+from services.assignment import STORE_SPACE_ENV, Assignment
 from services.dataset_admission import check_dataset
 from services.paths import SNAPSHOT_ROOT as DEFAULT_SNAPSHOT_ROOT
 from services.paths import confine_spec
@@ -40,10 +40,11 @@ from services.records import EXIT_DEVICE, EXIT_SUSPENDED, RankReport
 from services.spec import SpecError, parse_spec
 from services.store import Store, loads
 from worker import flight_record
-from worker.agent import reverse_dns
+from worker.agent import job_store, reverse_dns
 from worker.agent.device_health import DeviceHealth
 from worker.agent.gloo_interface import gloo_env
 from worker.agent.heartbeat import Heartbeat
+from worker.agent.job_store import JobStore
 from worker.agent.launcher import Launcher
 from worker.agent.memory_watch import MemoryWatch, limited_group
 from worker.agent.metrics_endpoint import AgentMetrics, AgentSnapshot, RankSnapshot
@@ -141,6 +142,7 @@ class Agent:
         self.run: Run | None = None
         # the superseded generation's trainers that may take the next one in place, by rank
         self._kept: dict[int, RankProcess] = {}
+        self.hosted_store: JobStore | None = None  # when this worker hosts its job's store
         self.state = "idle"
         self.launcher = Launcher(cfg.run_dir, cfg.warm, self._child_env())
         self.heartbeat = Heartbeat(store, cfg.wid, self.heartbeat_interval, self.serving)
@@ -306,6 +308,8 @@ class Agent:
             self._end_run(f"assignment {why}", keep=later)
         if want and self.run is None:
             self._begin_run(*want, pointer.get("role", "rank"))
+        if self.run is None:
+            self._host_store(None)
         self._stop_kept()  # those the new generation did not take
         if self.run and pointer.get("drain_step"):
             self._drain(self.run, int(pointer["drain_step"]))
@@ -330,6 +334,7 @@ class Agent:
             spare_spec = loads(self.store.job(job).get("spec")) or {}
             beat = spare_spec.get("fault_tolerance", {}).get("heartbeat_s")
             self.run = Run(job, generation, role, heartbeat_s=beat)
+            self._host_store(None)
             log.info("spare for job %s generation %d", job, generation)
             return
         asg = Assignment.from_fields(self.store.job_assignment(job))
@@ -339,6 +344,7 @@ class Agent:
             return
         if self._started_before(job, generation):
             return
+        self._host_store(asg)  # before any trainer: they connect to it first thing
         d = self.cfg.run_dir / "jobs" / job / f"g{generation}"
         d.mkdir(parents=True, exist_ok=True)
         prune_run_dirs(self.cfg.run_dir / "jobs", self.cfg.keep_run_dirs, d)
@@ -392,6 +398,8 @@ class Agent:
                 "MASTER_ADDR": asg.master_addr,
                 "MASTER_PORT": str(asg.master_port),
             }
+            if asg.store_space:
+                env[STORE_SPACE_ENV] = asg.store_space
             argv = [
                 "--spec",
                 str(spec_path),
@@ -575,6 +583,30 @@ class Agent:
                     "entry"
                 ) from e
         return out
+
+    def _host_store(self, asg: Assignment | None) -> None:
+        """Run the job's rendezvous store while `asg` says this worker hosts it, on the port
+        it names; stop the one this worker ran for another job, port or generation's host.
+        One that exited (it should not) is started again: each generation's keys are its
+        own, so a later generation loses nothing to it."""
+        want = (asg.job, asg.master_port) if asg and asg.store_wid == self.cfg.wid else None
+        held = self.hosted_store
+        if held is not None and (held.key != want or not held.alive()):
+            if not held.alive():
+                log.warning(
+                    "job %s: its rendezvous store on port %d had exited (%s)",
+                    held.job,
+                    held.port,
+                    held.proc.poll(),
+                )
+            held.stop()
+            self.hosted_store = None
+        if want is not None and self.hosted_store is None:
+            job, port = want
+            out = job_store.log_path(self.cfg.run_dir, job)
+            proc = self.launcher.launch(["--port", str(port)], {}, out, main=job_store.MODULE)
+            self.hosted_store = JobStore(job, port, proc)
+            log.info("job %s: rendezvous store on port %d (pid %d)", job, port, proc.pid)
 
     def _refuse(self, job: str, generation: int, asg: Assignment, why: str) -> None:
         """Fail this worker's ranks without starting trainers, as a trainer refusing its spec
@@ -856,6 +888,7 @@ class Agent:
         if self.run is not None:
             self._end_run("agent stopping")
         self._stop_kept()
+        self._host_store(None)
         self.launcher.close()
         self.prober.close()
         self.devices.close()

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from services.procs import Child, become_subreaper, stop_all
+from worker.agent.zygote import TRAINER_MAIN
 
 log = logging.getLogger("meshkeeper.agent")
 
@@ -80,35 +81,39 @@ class Launcher:
         env: dict[str, str],
         log_path: Path,
         before: Callable[[int], None] = lambda origin: None,
+        main: str = TRAINER_MAIN,
     ) -> Child | subprocess.Popen:
         """Start one rank: `argv` for the trainer's main, `env` on top of the agent's.
         `before(origin)` runs just before the trainer starts, with the pid of the process it
         starts from (the zygote, or the agent for a cold start): the memory cgroup it will
-        start in, whose OOM kills must be counted from before it can allocate."""
+        start in, whose OOM kills must be counted from before it can allocate. `main`: the
+        module whose `main(argv)` runs instead of the trainer's (the job's store)."""
         if self.warm:
             self.refill()
             # A zygote still importing torch (a fresh host: seconds) would hold the agent's
             # loop, its beats' interval and its withdrawals; this rank starts cold instead.
             if self.ready():
                 before(self.zygote.pid)
-                pid = self._fork(argv, env, log_path)
+                pid = self._fork(argv, env, log_path, main)
                 if pid:
                     return Child(pid)
         before(os.getpid())
+        cold = ["worker.agent.zygote", "--cold"] if main == TRAINER_MAIN else [main]
         with open(log_path, "ab") as out:  # cold: pays the torch import now
             return subprocess.Popen(
-                [sys.executable, "-m", "worker.agent.zygote", "--cold", *argv],
+                [sys.executable, "-m", *cold, *argv],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 env={**self.env, **env, "MESHKEEPER_AGENT_PID": str(os.getpid())},
             )
 
-    def _fork(self, argv: list[str], env: dict[str, str], log_path: Path) -> int | None:
+    def _fork(self, argv: list[str], env: dict[str, str], log_path: Path, main: str) -> int | None:
         """The forked trainer's pid, or None when the zygote cannot answer (then it is
         stopped; the next refill starts another)."""
         z = self.zygote
-        order = json.dumps({"argv": argv, "env": env, "log": str(log_path)}) + "\n"
+        order = {"argv": argv, "env": env, "log": str(log_path), "main": main}
+        order = json.dumps(order) + "\n"
         try:
             z.stdin.write(order.encode())
             z.stdin.flush()

@@ -4,11 +4,13 @@ The agent starts `python -m worker.agent.zygote` when it starts (worker/agent/la
 imports torch and the trainer (~4 s of CPU on a small machine), says so with one line on stdout,
 `{"ready": PID}` (until then the agent starts its trainers cold rather than wait), then reads
 one JSON line per trainer on stdin:
-    {"argv": [...], "env": {...}, "log": "/path/rank0.log"}
-and answers each with one line on stdout, `{"pid": N}`: the trainer's pid, a process of the
-agent's own (below). The trainer starts with nothing to import, so neither a first start nor a
-replacement in a recovery pays the import again, and the import's memory pages are shared
-copy-on-write between the agent's trainers.
+    {"argv": [...], "env": {...}, "log": "/path/rank0.log", "main": "worker.trainer.main"}
+(`main`: the module whose main(argv) the child runs; the agent's other child is the job's
+rendezvous store, worker/agent/job_store.py) and answers each with one line on stdout,
+`{"pid": N}`: the trainer's pid, a process of the agent's own (below). The trainer starts
+with nothing to import, so neither a first start nor a replacement in a recovery pays the
+import again, and the import's memory pages are shared copy-on-write between the agent's
+trainers.
 
 Why a double fork: the agent must reap and watch its trainers as its own children (exit codes,
 signals, the process tree; services/procs.Child). The agent is a child subreaper
@@ -32,6 +34,7 @@ EOF on stdin (the agent closed the pipe or died) ends the zygote; it also dies w
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import os
 import signal
@@ -44,6 +47,7 @@ from services.procs import die_with_parent, fork_call, write_output_to
 # Set by the agent for a rank it limits (spec `chaos.memory_limit`): the memory cgroup the
 # trainer joins before it allocates anything of its own (worker/agent/memory_watch.py).
 MEMORY_GROUP_ENV = "MESHKEEPER_MEMORY_CGROUP"
+TRAINER_MAIN = "worker.trainer.main"
 
 
 def join_memory_group() -> None:
@@ -64,12 +68,16 @@ def become(order: dict) -> None:
 
 
 def trainer(order: dict, middle: int, agent: int) -> int:
-    """In the forked trainer, once re-parented: run the rank; its exit code."""
+    """In the forked trainer, once re-parented: run the rank (or the order's other `main`,
+    the job's store: worker/agent/job_store.py); its exit code."""
     while os.getppid() == middle:  # the middle child exits at once; re-parenting follows
         time.sleep(0.001)
     die_with_parent(signal.SIGKILL, agent)  # exits 1 if the agent is already gone
     become(order)
     join_memory_group()
+    module = order.get("main", TRAINER_MAIN)
+    if module != TRAINER_MAIN:
+        return importlib.import_module(module).main(order["argv"])
     from worker.trainer.main import main as train
 
     print(f"[meshkeeper] trainer pid {os.getpid()} forked for rank {order['env'].get('RANK')}")

@@ -379,9 +379,9 @@ class Checkpointer:
 
 
 class _VerdictBoard:
-    """Restore verdicts exchanged through the world's rendezvous store (MASTER_ADDR and
-    MASTER_PORT, fresh every generation). A store wait has its own timeout, sized for
-    hashing the checkpoint; a collective would give up after max(60 s, hang_after_s)."""
+    """Restore verdicts exchanged through this generation's rendezvous store (its own key
+    space of the job's store: `rendezvous_store`). A store wait has its own timeout, sized
+    for hashing the checkpoint; a collective would give up after max(60 s, hang_after_s)."""
 
     def __init__(self, rank: int, world: int):
         self.rank, self.world = rank, world

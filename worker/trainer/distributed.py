@@ -49,6 +49,7 @@ import torch
 import torch.distributed as dist
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
+from services.assignment import STORE_SPACE_ENV
 from services.procs import free_port
 
 
@@ -80,12 +81,27 @@ def init_distributed(timeout_s: float, flight: Path | None = None) -> tuple[int,
         if "OMP_NUM_THREADS" not in os.environ:
             local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
-    if rank != 0:
+    timeout = timedelta(seconds=timeout_s)
+    space = os.environ.get(STORE_SPACE_ENV)
+    if rank != 0 or space:
         wait_for_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout_s)
     # device_id binds the group to this rank's GPU: NCCL's communicator forms now (a broken
     # NCCL fails here, not at the first step) and subgroups split from it.
-    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), device_id=bind)
+    if space:  # the job's store, which an agent hosts (worker/agent/job_store.py)
+        store = dist.PrefixStore(space, store_client(timeout))
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world, timeout=timeout, device_id=bind
+        )
+    else:  # rank 0 hosts this generation's store (env://)
+        dist.init_process_group(backend, timeout=timeout, device_id=bind)
     return rank, world, device
+
+
+def store_client(timeout: timedelta) -> dist.TCPStore:
+    """A client of the rendezvous store at MASTER_ADDR:MASTER_PORT."""
+    return dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
+    )
 
 
 STORE_POLL_S = 0.005
@@ -189,16 +205,13 @@ def group_timeout_s(group: dist.ProcessGroup) -> float:
 
 
 def rendezvous_store(prefix: str) -> dist.Store:
-    """A key space of its own in the world's rendezvous store (MASTER_ADDR, MASTER_PORT: fresh
-    every generation), for agreements that must not wait in a collective: a store wait has
-    its own timeout, given per call."""
-    base = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        is_master=False,
-        timeout=timedelta(seconds=60),
-    )
-    return dist.PrefixStore(prefix, base)
+    """A key space of its own in the world's rendezvous store, for agreements that must not
+    wait in a collective: a store wait has its own timeout, given per call. Inside this
+    generation's space of the job's store, where there is one: the store outlives the
+    generation, and a later one must not read this one's answers."""
+    space = os.environ.get(STORE_SPACE_ENV)
+    base = store_client(timedelta(seconds=60))
+    return dist.PrefixStore(f"{space}/{prefix}" if space else prefix, base)
 
 
 def shutdown_distributed(quiesce: bool = True) -> None:
