@@ -1,16 +1,17 @@
 """Whether a reverse DNS lookup of this worker's address is slow enough to stall a rendezvous.
 
-torch's TCPStore server (in rank 0's trainer) looks up the name of every connection it accepts,
-one after another on its serving thread, to format the peer's address (`getnameinfo` without
-NI_NUMERICHOST). Its socket is dual-stack, so it sees an IPv4 peer as `::ffff:A`, a form
-/etc/hosts rarely lists: each lookup goes to DNS. Where the resolver is slow, or drops a
-burst of queries and waits out its timeout (5 s by default), every rank behind that
-connection waits too, in every generation's rendezvous. Measured on the build machine: 32
-ranks forming a gloo world took 5.1 s with the lookups going to its resolver and 0.13 s with
-`::ffff:127.0.0.1` answered from /etc/hosts (docs/fault-tolerance.md, "How recovery grows").
+torch's TCPStore server (the job's store, which an agent hosts: worker/agent/job_store.py)
+looks up the name of every connection it accepts, one after another on its serving thread, to
+format the peer's address (`getnameinfo` without NI_NUMERICHOST). Its socket is dual-stack,
+so it sees an IPv4 peer as `::ffff:A`, a form /etc/hosts rarely lists: each lookup goes to
+DNS. Where the resolver is slow, or drops a burst of queries and waits out its timeout (5 s
+by default), every rank behind that connection waits too, in every generation's rendezvous.
+Measured on the build machine: 32 ranks forming a gloo world took 5.1 s with the lookups
+going to its resolver and 0.13 s with `::ffff:127.0.0.1` answered from /etc/hosts
+(docs/fault-tolerance.md, "How recovery grows").
 
 The agent times one such lookup of its own address at start, off its main loop, and warns
-with the fix when it is slow: the rank-0 host's resolver answers for every worker's address.
+with the fix when it is slow: the store host's resolver answers for every worker's address.
 """
 
 from __future__ import annotations
