@@ -14,6 +14,7 @@ the checkpoints that CAS reports as dropped from the history.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -428,10 +429,10 @@ class Agent:
             if watch.pinned:
                 env[MEMORY_GROUP_ENV] = str(watch.group)
             old = self._kept.pop(e.rank, None)
-            handed = None
+            handed, handed_from = None, None
             if old is not None and not watch.pinned and old.env["LOCAL_RANK"] == env["LOCAL_RANK"]:
                 proc, watch = self._hand_over(old, generation, argv, env, log_path), old.memory
-                handed = time.monotonic()
+                handed, handed_from = time.monotonic(), old.log
             else:
                 if old is not None:
                     self._kept[e.rank] = old  # stopped below, with the others not taken
@@ -446,6 +447,7 @@ class Agent:
                 argv=argv,
                 env=env,
                 handed_at=handed,
+                handed_from=handed_from,
             )
         self.run, self._dirty = run, True
         self._started(run, asg)
@@ -513,11 +515,18 @@ class Agent:
             code = p.proc.poll()
             if code is None and time.monotonic() - p.handed_at < HANDOVER_S:
                 continue
+            if code is None:
+                # Where it is stuck, for whoever asks why: every thread's stack, into the log it
+                # still writes (faulthandler, worker/trainer/main.py); SIGUSR1 is delivered
+                # before stop_all's SIGTERM, the lower-numbered of two pending signals.
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.proc.pid, signal.SIGUSR1)
             stop_all([p.proc], self.cfg.stop_grace_s)
             why = (
                 f"exited with code {code}"
                 if code is not None
-                else f"did not within {HANDOVER_S:.0f}s"
+                else f"did not within {HANDOVER_S:.0f}s (process state {p.proc_state}; its "
+                f"threads' stacks, unless it was stopped, are at the end of {p.handed_from})"
             )
             self._event(
                 "TrainerNotKept",

@@ -64,6 +64,7 @@ class RankProcess:
     # monotonic time its agent handed this generation's order to a kept process (worker/
     # trainer/handoff.py); None once the trainer began it (its metrics file exists)
     handed_at: float | None = None
+    handed_from: Path | None = None  # the log the kept process writes until it takes the order
     _echoed: int = 0  # bytes of the log already echoed (`new_log_lines`)
     _cpu: deque[tuple[float, float]] = field(default_factory=deque)  # (monotonic, cpu seconds)
 
