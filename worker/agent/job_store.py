@@ -19,15 +19,13 @@ controller, which starts the store on the next generation's rank 0 worker, on a 
 from __future__ import annotations
 
 import argparse
-import logging
+import datetime
 import os
 import signal
 import subprocess
 from pathlib import Path
 
 from services.procs import Child, die_with_parent, stop_all
-
-log = logging.getLogger("meshkeeper.agent")
 
 MODULE = "worker.agent.job_store"
 
@@ -51,9 +49,7 @@ class JobStore:
 
 def main(argv: list[str]) -> int:
     """Serve the store on `--port` until stopped (SIGTERM, or the agent's death)."""
-    import datetime
-
-    import torch.distributed as dist
+    import torch.distributed as dist  # here: the agent imports this module, never torch
 
     p = argparse.ArgumentParser(prog=MODULE)
     p.add_argument("--port", type=int, required=True)
