@@ -481,6 +481,14 @@ class ChaosSpec(Strict):
         "on every rank, as slow storage would: a save longer than fault_tolerance.hang_after_s "
         "must not read as a hang.",
     )
+    unwind_stall_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=600,
+        description="A kept trainer whose generation failed stays this long in its unwinding "
+        "before it looks for its next order, on every rank, as a rank stuck in native code "
+        "would: past the agent's handover bound (10 s) it is started afresh instead.",
+    )
     min_step_s: float | None = Field(
         default=None,
         gt=0,

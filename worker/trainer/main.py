@@ -649,6 +649,8 @@ def attempt(args: argparse.Namespace) -> int | Order:
         # The generation's objects are garbage once its traceback is: freed now, while the
         # order is awaited (a rank whose peer died waits here from the moment it failed)
         gc.collect()
+        if spec.chaos and spec.chaos.unwind_stall_s:  # a rank stuck in native code, for tests
+            time.sleep(spec.chaos.unwind_stall_s)
         order = handoff.wait()
         if order is None:  # no recovery came: exit as an uncaught error would
             print(outcome, file=sys.stderr, end="", flush=True)
