@@ -10,12 +10,14 @@ from worker.trainer.chaos import StepFloor
 
 
 def test_quick_steps_are_stretched_to_the_floor():
+    t0 = time.monotonic()  # before the floor starts counting, so no gap is overstated
     floor = StepFloor(0.05)
-    t0 = time.monotonic()
     ends = []
     for _ in range(4):
         floor.wait()
-        ends.append(time.monotonic())
+        # The floor's own end of each wait: a clock read here, after it, would sit a few
+        # microseconds later and shorten the next gap by as much (CI saw 0.0499).
+        ends.append(floor.last)
     gaps = [b - a for a, b in zip([t0, *ends[:-1]], ends, strict=True)]
     assert all(g >= 0.05 for g in gaps), gaps
 
