@@ -25,7 +25,7 @@ import redis.asyncio as aredis  # noqa: E402
 
 from bench.control_plane import TINY, local_stack, percentile  # noqa: E402
 from services import scripts  # noqa: E402
-from services.store import Keys, flat  # noqa: E402
+from services.store import Keys, flat, heartbeat_args  # noqa: E402
 
 JOB = {
     **TINY,
@@ -66,7 +66,7 @@ async def _heartbeats(url: str, n: int, interval: float, beating, beats) -> None
             if beating.value:
                 await hb(
                     keys=[keys.workers_seen(), keys.worker(f"sim{i}")],
-                    args=[f"sim{i}", "", 0, keys.worker_assignment(f"sim{i}")],
+                    args=heartbeat_args(keys, f"sim{i}", "", 0),
                 )
                 with beats.get_lock():
                     beats.value += 1

@@ -43,7 +43,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from bench.control_plane import TINY, local_stack, percentile  # noqa: E402
 from services import scripts  # noqa: E402
 from services.records import RankReport  # noqa: E402
-from services.store import Keys, flat, loads  # noqa: E402
+from services.store import Keys, flat, heartbeat_args, loads  # noqa: E402
 
 TICK_S = 0.05
 REPORT_EVERY_S = 5.0  # progress reports of a running rank (hang_after_s is far above it)
@@ -111,7 +111,7 @@ class Sim:
                         w = wid(i)
                         await hb(
                             keys=[self.keys.workers_seen(), self.keys.worker(w)],
-                            args=[w, job, gen, self.keys.worker_assignment(w)],
+                            args=heartbeat_args(self.keys, w, job, gen),
                             client=pipe,
                         )
                         due[i] += self.period

@@ -219,11 +219,17 @@ def start_generation(
     )
     tx.hset(k.job(job.id), job.fields())
     tx.delete(k.job_assignment(job.id)).hset(k.job_assignment(job.id), asg.to_fields())
+    # The job's agents follow its assignment channel; a pointer (job, role) is written only
+    # for a worker whose job or role changes, so a recovery writes what it changed, not the
+    # world's pointers (issue 48).
+    tx.publish(k.job_assignment(job.id), str(gen))
     held = set(old.workers) if old else set()
     for wid in asg.workers:
-        role = "rank" if wid in asg.rank_workers else "spare"
+        role = _role(asg, wid)
+        if wid in held and role == _role(old, wid):
+            continue  # its pointer names this job and role already
         tx.delete(k.worker_assignment(wid))
-        tx.hset(k.worker_assignment(wid), {"job": job.id, "generation": gen, "role": role})
+        tx.hset(k.worker_assignment(wid), {"job": job.id, "role": role})
         tx.publish(k.worker_assignment(wid), job.id)
         if wid not in held:  # the others hold the grant already
             tx.assigned[wid] = job.id
@@ -239,6 +245,10 @@ def start_generation(
     )
     tx.event(k.job_events(job.id), ctx.event(kind, why, msg, gen))
     return asg
+
+
+def _role(asg: Assignment, wid: str) -> str:
+    return "rank" if wid in asg.rank_workers else "spare"
 
 
 def dp_labels(old: Assignment | None, layout: Layout) -> list[int] | None:

@@ -128,6 +128,8 @@ def workers_status(store: Store, alive_within_s: float) -> list[dict]:
     seen = store.workers_seen()
     wids = sorted(seen, key=natural_key)
     infos, pointers = store.workers(wids), store.assignments(wids)
+    # a pointer names the job and role; the generation is the job's (a few jobs, read once)
+    generations = store.generations({p["job"] for p in pointers.values() if p.get("job")})
     out = []
     for w in wids:
         info, ptr = infos[w], pointers[w]
@@ -143,7 +145,7 @@ def workers_status(store: Store, alive_within_s: float) -> list[dict]:
                 "alive": alive,
                 "last_seen_s": round(now - seen[w], 3),
                 "job": ptr.get("job"),
-                "generation": int(ptr["generation"]) if ptr else None,
+                "generation": generations.get(ptr.get("job")),
                 "role": ptr.get("role"),
             }
         )

@@ -9,16 +9,22 @@ only). The agent's ACL user (services/store.py `agent_acl`) can then read, never
 assignment pointer and the job's hash. Keys in ARGV are invisible to Redis Cluster routing.
 """
 
-# KEYS: workers:seen, worker:{wid}   ARGV: wid, job, generation, worker:{wid}:assignment (read)
-#   -> {server time, the pointer's job, the pointer's generation}
+# KEYS: workers:seen, worker:{wid}
+# ARGV: wid, job, generation, worker:{wid}:assignment (read), the name of a job's assignment
+#   with %s for the job id (read: `Keys.job_assignment("%s")`)
+#   -> {server time, the pointer's job, that job's current generation}
 # The answer is how an agent confirms its generation is still current (its commit lease).
+# The pointer names the job and the worker's role only: a new generation that keeps the
+# worker in the same role rewrites the job's assignment, not the pointers (issue 48).
 HEARTBEAT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('HSET', KEYS[2], 'beat', now, 'job', ARGV[2], 'generation', ARGV[3])
-local p = redis.call('HMGET', ARGV[4], 'job', 'generation')
-return {tostring(now), p[1] or '', p[2] or '0'}
+local job = redis.call('HGET', ARGV[4], 'job')
+if not job then return {tostring(now), '', '0'} end
+local gen = redis.call('HGET', string.format(ARGV[5], job), 'generation')
+return {tostring(now), job, gen or '0'}
 """
 
 # KEYS: worker:{wid}:progress, workers:reported   ARGV: wid, then the hash's field/value pairs
@@ -152,14 +158,13 @@ return unrecorded
 #      newest `keep` (the caller deletes exactly those directories, nothing else).
 # Only the job's current generation may move the pointer, and only forward, except that a
 # newer generation may restart from an older step (it restored a previous checkpoint); and
-# only a worker whose own assignment pointer names that job and generation (an agent's ACL
-# user reads only its own pointer, so it cannot pass another worker's).
+# only a worker whose own assignment pointer names that job (an agent's ACL user reads only
+# its own pointer, so it cannot pass another worker's).
 # `history` (newest first) is what restore may fall back to; all checks come before any write.
 CHECKPOINT_CAS = """
 local gen, step, keep = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[4])
 if tonumber(redis.call('HGET', ARGV[6], 'generation') or '-1') ~= gen then return false end
-local mine = redis.call('HMGET', ARGV[7], 'job', 'generation')
-if mine[1] ~= ARGV[5] or tonumber(mine[2] or '-1') ~= gen then return false end
+if redis.call('HGET', ARGV[7], 'job') ~= ARGV[5] then return false end
 local cur_step = tonumber(redis.call('HGET', KEYS[1], 'step') or '-1')
 local cur_gen = tonumber(redis.call('HGET', KEYS[1], 'generation') or '-1')
 if gen == cur_gen and step <= cur_step then return false end

@@ -59,7 +59,7 @@ class Keys:
         return f"{self.prefix}worker:{wid}:progress"
 
     def worker_assignment(self, wid: str) -> str:
-        """Controller-written pointer (job, generation, role); also the agent's pub/sub channel."""
+        """Controller-written pointer (job, role); also the agent's pub/sub channel."""
         return f"{self.prefix}worker:{wid}:assignment"
 
     def workers_seen(self) -> str:
@@ -78,6 +78,8 @@ class Keys:
         return f"{self.prefix}job:{{{jid}}}"
 
     def job_assignment(self, jid: str) -> str:
+        """The job's current generation; also a pub/sub channel, published on at each new
+        generation, which its agents follow (the pointers change only with a role)."""
         return f"{self.job(jid)}:assignment"
 
     def job_checkpoint(self, jid: str) -> str:
@@ -212,12 +214,18 @@ class Tx:
 
 @dataclass(frozen=True)
 class Beat:
-    """One heartbeat's answer: server time, and the (job, generation) the controller's
-    pointer names for this worker at that instant."""
+    """One heartbeat's answer: server time, the job the controller's pointer names for this
+    worker and that job's current generation, at that instant."""
 
     time: float
     job: str
     generation: int
+
+
+def heartbeat_args(keys: Keys, wid: str, job: str, generation: int) -> list:
+    """HEARTBEAT's ARGV (services/scripts.py): what the worker serves, and where it reads
+    its pointer and the generation of the job the pointer names."""
+    return [wid, job, generation, keys.worker_assignment(wid), keys.job_assignment("%s")]
 
 
 # Redis ACL users (docs/security.md). The `default` user is off; `admin` is for operators and
@@ -282,7 +290,8 @@ def agent_acl(prefix: str, wid: str, job: str | None = None, left: str | None = 
     script runs against the user again, so HEARTBEAT, REPORT and CHECKPOINT_CAS work through
     the selectors:
     - its own keys (registration, progress, probe result, metrics endpoint): read and write;
-    - what the controller writes for it and the job keys: read only;
+    - what the controller writes for it and the job keys: read only; every job's assignment
+      channel: subscribe only;
     - the shared sorted sets (`workers:seen`, `workers:reported`, `workers:gone`): ZADD and
       ZREM only, so no agent can SET or DEL them and stop every reconcile pass;
     - the event and log streams of `job` (or, idle, of the job it `left`: the trainers it
@@ -327,6 +336,10 @@ def agent_acl(prefix: str, wid: str, job: str | None = None, left: str | None = 
             ["+hget", "+hgetall", "+hmget"],
         ),
         selector(shared, "RW", ["+zadd", "+zrem"]),
+        # every job's assignment channel, to learn of a new generation: listening only, so
+        # no agent can wake a whole job's agents into re-reading (what it hears, that an
+        # assignment changed, the job keys it may read tell it anyway)
+        f"(&{keys.job_assignment('*')} +subscribe +unsubscribe)",
         *([selector(streams, "W", ["+xadd"])] if streams else []),
         *([selector(checkpoints, "RW", ["+hget", "+hmget", "+hset"])] if checkpoints else []),
     ]
@@ -514,10 +527,11 @@ class Store:
         self.r.hset(self.keys.worker(wid), mapping=flat(fields))
 
     def heartbeat(self, wid: str, job: str = "", generation: int = 0) -> Beat:
-        """Stamp `workers:seen` with server time; returns that time and the worker's pointer."""
+        """Stamp `workers:seen` with server time; returns that time, the job the worker's
+        pointer names and that job's current generation."""
         t, pjob, pgen = self._heartbeat(
             keys=[self.keys.workers_seen(), self.keys.worker(wid)],
-            args=[wid, job, generation, self.keys.worker_assignment(wid)],
+            args=heartbeat_args(self.keys, wid, job, generation),
         )
         return Beat(float(t), pjob, int(pgen or 0))
 
@@ -681,7 +695,14 @@ class Store:
         pipe.execute()
 
     def worker_assignment(self, wid: str) -> dict[str, str]:
-        return self.r.hgetall(self.keys.worker_assignment(wid))
+        """The worker's pointer (`job`, `role`, `drain_step`) with `generation`: the current
+        one of the job it names, read after it (a pointer changes only when the worker's job
+        or role does)."""
+        pointer = self.r.hgetall(self.keys.worker_assignment(wid))
+        if pointer.get("job"):
+            gen = self.r.hget(self.keys.job_assignment(pointer["job"]), "generation")
+            pointer["generation"] = gen or "0"
+        return pointer
 
     def write_progress(self, wid: str, progress: dict[str, Any]) -> None:
         """Rewrite the worker's progress hash and stamp it in `workers:reported` (REPORT)."""
@@ -809,7 +830,16 @@ class Store:
         return self._hashes(wids, self.keys.worker_progress)
 
     def assignments(self, wids: list[str]) -> dict[str, dict[str, str]]:
+        """The workers' pointers (job, role)."""
         return self._hashes(wids, self.keys.worker_assignment)
+
+    def generations(self, jids: set[str]) -> dict[str, int]:
+        """Each job's current generation, as its assignment says (absent: none yet)."""
+        pipe = self.r.pipeline(transaction=False)
+        order = sorted(jids)
+        for jid in order:
+            pipe.hget(self.keys.job_assignment(jid), "generation")
+        return {j: int(g) for j, g in zip(order, pipe.execute(), strict=True) if g is not None}
 
     # -- jobs -------------------------------------------------------------------------
     def create_job(self, jid: str, record: dict[str, Any]) -> int:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 
 def assign(store, wid: str, job: str, generation: int) -> None:
-    """The job's generation and the worker's pointer, as the controller writes them."""
+    """The job's generation (its record and its assignment) and the worker's pointer, as the
+    controller writes them."""
     store.r.hset(store.keys.job(job), "generation", generation)
-    store.r.hset(store.keys.worker_assignment(wid), mapping={"job": job, "generation": generation})
+    store.r.hset(store.keys.job_assignment(job), "generation", generation)
+    store.r.hset(store.keys.worker_assignment(wid), mapping={"job": job, "role": "rank"})
 
 
 def test_pointer_moves_only_in_the_current_generation_and_forward(store):
@@ -50,28 +52,28 @@ def test_only_entries_past_keep_are_returned_for_deletion(store):
     assert [h["step"] for h in store.checkpoint_history("j")] == [20, 15]
 
 
-def test_only_a_worker_assigned_to_that_job_and_generation_moves_its_pointer(store):
+def test_only_a_worker_assigned_to_that_job_moves_its_pointer(store):
     assign(store, "w1", "j", 2)
-    store.r.hset(store.keys.worker_assignment("w2"), mapping={"job": "other", "generation": 2})
+    assign(store, "w2", "other", 2)
     assert (
         store.commit_checkpoint("j", 2, 10, "/ck/g2/step-10", wid="w2") is None
-    )  # another job's worker
+    )  # another job's worker, in a generation of the same number
     assert (
         store.commit_checkpoint("j", 2, 10, "/ck/g2/step-10", wid="w3") is None
-    )  # no pointer at all
-    store.r.hset(store.keys.worker_assignment("w2"), mapping={"job": "j", "generation": 1})
-    assert (
-        store.commit_checkpoint("j", 2, 10, "/ck/g2/step-10", wid="w2") is None
-    )  # a superseded pointer
+    )  # no pointer at all (a worker the job released)
     assert store.checkpoint("j") == {}
     assert store.commit_checkpoint("j", 2, 10, "/ck/g2/step-10", wid="w1") == []
 
 
-def test_heartbeat_answers_with_the_workers_pointer(store):
+def test_heartbeat_answers_with_the_pointers_job_and_its_current_generation(store):
     assert (b := store.heartbeat("w1", "", 0)).job == "" and b.generation == 0
-    store.r.hset(store.keys.worker_assignment("w1"), mapping={"job": "j", "generation": 4})
+    assign(store, "w1", "j", 4)
     b = store.heartbeat("w1", "j", 3)
-    assert (b.job, b.generation) == (
+    assert (b.job, b.generation) == ("j", 4)  # the agent serving 3 learns it is superseded
+    # a generation that keeps the worker in its role rewrites the job's assignment only
+    store.r.hset(store.keys.job_assignment("j"), "generation", 5)
+    assert store.worker_assignment("w1") == {"job": "j", "role": "rank", "generation": "5"}
+    assert (store.heartbeat("w1", "j", 4).job, store.heartbeat("w1", "j", 4).generation) == (
         "j",
-        4,
-    )  # the agent serving generation 3 learns it is superseded
+        5,
+    )

@@ -113,7 +113,7 @@ def job(stack, admin_store) -> str:
     append(admin_store, lease, jid, range(1, 31))
     # a checkpoint commit through the real CAS script, from a worker assigned to the job
     admin_store.r.hset(
-        admin_store.keys.worker_assignment("w-ck"), mapping={"job": jid, "generation": 0}
+        admin_store.keys.worker_assignment("w-ck"), mapping={"job": jid, "role": "rank"}
     )
     assert admin_store.commit_checkpoint(jid, 0, 20, "/ck/step-20", keep=3, wid="w-ck") == []
     yield jid

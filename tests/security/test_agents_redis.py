@@ -132,9 +132,15 @@ def test_a_join_registers_the_worker_and_gives_it_its_own_redis_user(api, admin)
         me.write_progress("wa", {"state": "idle"})
         assert me.worker_assignment("wa") == {}
         admin.r.hset(admin.keys.job("j"), "generation", 1)  # as the controller assigns it
-        admin.r.hset(admin.keys.worker_assignment("wa"), mapping={"job": "j", "generation": 1})
+        admin.r.hset(admin.keys.job_assignment("j"), "generation", 1)
+        admin.r.hset(admin.keys.worker_assignment("wa"), mapping={"job": "j", "role": "rank"})
         admin.grant_jobs({"wa": "j"})  # and grants j's pointer with it
-        assert me.heartbeat("wa", "j", 1).job == "j"
+        beat = me.heartbeat("wa", "j", 1)
+        assert (beat.job, beat.generation) == ("j", 1)
+        listener = me.r.pubsub()
+        listener.subscribe(admin.keys.job_assignment("j"))  # where its job's generations are told
+        assert listener.get_message(timeout=2)["type"] == "subscribe"  # NOPERM would raise
+        listener.close()
         assert me.commit_checkpoint("j", 1, 10, "/ck/g1/step-10", wid="wa") == []
         assert me.checkpoint_history("j")[0]["step"] == 10
         me.add_event("j", {"reason": "TrainerStarted"})
@@ -155,6 +161,8 @@ def test_a_join_registers_the_worker_and_gives_it_its_own_redis_user(api, admin)
             lambda: me.r.execute_command("ACL", "SETUSER", "agent-wa", "~*"),
             lambda: me.r.flushall(),
             lambda: me.r.publish(admin.keys.worker_assignment("wb"), "j"),  # another's channel
+            # a job's assignment channel: it may listen, never wake every agent of a job
+            lambda: me.r.publish(admin.keys.job_assignment("j"), "2"),
             lambda: me.heartbeat("wb"),  # the script writes worker:wb: refused inside it
             lambda: me.commit_checkpoint(
                 "j", 1, 10, "/ck", wid="wb"

@@ -102,7 +102,7 @@ def test_a_record_that_does_not_parse_leaves_the_queue_and_frees_its_workers(sto
     entries = [RankEntry(0, "w0", 0, Coord(0, 0, 0))]
     asg = Assignment("garbled", 1, MeshShape(1, 1, 1), "127.0.0.1", 20001, entries)
     store.r.hset(store.keys.job_assignment("garbled"), mapping=flat(asg.to_fields()))
-    store.r.hset(store.keys.worker_assignment("w0"), mapping={"job": "garbled", "generation": 1})
+    store.r.hset(store.keys.worker_assignment("w0"), mapping={"job": "garbled", "role": "rank"})
     store.r.hset(store.keys.job("garbled"), "current", '{"dp": "x"}')
     assert job(store, "garbled") is None
     Scheduler(store, SchedulerConfig(), "test").run_once(lease)

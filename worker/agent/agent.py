@@ -1,9 +1,10 @@
 """The worker agent: register, heartbeat, follow the assignment, supervise trainers, relay progress.
 
-The assignment pointer `worker:{wid}:assignment` (controller-written) says which job and
-generation this worker serves. The agent learns of changes by pub/sub and re-reads the pointer
-on every reconnect and every few seconds (pub/sub is lossy). It acts only on a pointer it has
-read: losing Redis never stops training; a withdrawn or superseded assignment does.
+The assignment pointer `worker:{wid}:assignment` (controller-written) says which job this
+worker serves and in what role; the generation is the job's assignment's. The agent learns of
+changes by pub/sub (its pointer's channel and its job's assignment channel) and re-reads both
+on every reconnect and every few seconds (pub/sub is lossy). It acts only on what it has read:
+losing Redis never stops training; a withdrawn or superseded assignment does.
 
 Checkpoint fencing on the agent's side (docs/architecture.md, "Generation and fencing"):
 trainers are handed the committed pointer history from Redis and restore only from it; rank
@@ -153,6 +154,7 @@ class Agent:
         self.devices = DeviceHealth([])  # NVML's watch over the GPUs: opened in run_forever
         self._stop = threading.Event()
         self._pubsub = None
+        self._job_channel: str | None = None  # the assignment channel of the job followed
         self._reread_at = 0.0
         self._dirty = False
         self._exited = False  # a trainer exit is in the next report: announce it (_publish)
@@ -277,13 +279,28 @@ class Agent:
         never naming this worker."""
         ps = self.store.r.pubsub(ignore_subscribe_messages=True)
         ps.subscribe(self.store.keys.worker_assignment(self.cfg.wid))
-        self._pubsub = ps
+        self._pubsub, self._job_channel = ps, None
         self._reread()
         self._register()
 
     def _reread(self) -> None:
         self._reread_at = time.monotonic() + REREAD_S
-        self._follow(self.store.worker_assignment(self.cfg.wid))
+        pointer = self.store.worker_assignment(self.cfg.wid)
+        self._listen_to(pointer.get("job"))
+        self._follow(pointer)
+
+    def _listen_to(self, job: str | None) -> None:
+        """Follow `job`'s assignment channel, where each new generation is announced (the
+        pointer changes only with this worker's job or role), and no other job's."""
+        want = self.store.keys.job_assignment(job) if job else None
+        if want == self._job_channel:
+            return
+        if self._job_channel is not None:
+            self._pubsub.unsubscribe(self._job_channel)
+        if want is not None:
+            self._pubsub.subscribe(want)
+            self._reread_at = 0.0  # a generation announced before the subscription took
+        self._job_channel = want
 
     def _register(self) -> None:
         # The registration itself was written at join (worker/__main__.py) by the controller,
@@ -340,7 +357,12 @@ class Agent:
             return
         asg = Assignment.from_fields(self.store.job_assignment(job))
         spec = loads(self.store.job(job).get("spec"))
-        if asg is None or asg.generation != generation or spec is None:
+        if (
+            asg is None
+            or asg.generation != generation
+            or spec is None
+            or self.cfg.wid not in asg.rank_workers  # released between the two reads
+        ):
             self._reread_at = 0.0  # the controller is mid-write: look again next tick
             return
         if self._started_before(job, generation):
