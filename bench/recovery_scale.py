@@ -39,6 +39,7 @@ import os
 import signal
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -172,9 +173,24 @@ def one_size(world: int, kills: int) -> list[dict[str, float]]:
                 + "  ".join(f"{k} {v:.2f}" for k, v in out[-1].items()),
                 flush=True,
             )
+        # what the job's one store holds after every generation so far: a TCPStore drops no
+        # key, which is why a store serves at most STORE_GENERATIONS (controller/apply.py)
+        print(
+            f"  {world:>3} ranks: the job's store holds "
+            f"{store_keys(client.job(jid).mesh.rendezvous)} keys after {kills + 1} generations",
+            flush=True,
+        )
         client.cancel(jid)
         wait(lambda: client.job(jid).phase in TERMINAL, 120, "the job to stop")
     return out
+
+
+def store_keys(rendezvous: str) -> int:
+    """The number of keys in the TCPStore at `rendezvous` (host:port), as a client sees it."""
+    import torch.distributed as dist  # here: only this line needs torch
+
+    host, port = rendezvous.rsplit(":", 1)
+    return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=10)).num_keys()
 
 
 def exponent(sizes: list[int], times: list[float]) -> float:

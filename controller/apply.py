@@ -218,7 +218,11 @@ def start_generation(
         ctx.now,
     )
     tx.hset(k.job(job.id), job.fields())
-    tx.delete(k.job_assignment(job.id)).hset(k.job_assignment(job.id), asg.to_fields())
+    if old is not None and old.shape == asg.shape:  # only what changed (issue 48)
+        fields, cleared = asg.changes_from(old)
+        tx.hset(k.job_assignment(job.id), fields).hdel(k.job_assignment(job.id), *cleared)
+    else:
+        tx.delete(k.job_assignment(job.id)).hset(k.job_assignment(job.id), asg.to_fields())
     # The job's agents follow its assignment channel; a pointer (job, role) is written only
     # for a worker whose job or role changes, so a recovery writes what it changed, not the
     # world's pointers (issue 48).
@@ -259,6 +263,11 @@ def dp_labels(old: Assignment | None, layout: Layout) -> list[int] | None:
     None (0, 1, ...) for a first placement or a re-planned pp or tp: a new layout altogether."""
     if old is None or old.shape.pp != layout.shape.pp or old.shape.tp != layout.shape.tp:
         return None
+    if layout.moved and layout.shape == old.shape:
+        # a replacement keeps every coordinate, and moves ranks only onto workers the old
+        # world's ranks did not use: each replica keeps its label (what the general case
+        # below finds too, at a pass over the world: a 16,384-rank recovery's)
+        return old.dp_labels
     old_labels = old.labels
     was = {(r.wid, r.local_rank, r.coord.pp, r.coord.tp): old_labels[r.coord.dp] for r in old.ranks}
     found: dict[int, int] = {}
@@ -276,7 +285,7 @@ def dp_labels(old: Assignment | None, layout: Layout) -> list[int] | None:
 
 
 def _where(asg: Assignment) -> str:
-    return f"{len(set(r.wid for r in asg.ranks))} workers" + (
+    return f"{len(asg.rank_workers)} workers" + (
         f" + {len(asg.spares)} spares" if asg.spares else ""
     )
 
@@ -304,9 +313,9 @@ def pick_port(ctx: Pass, master: str) -> int:
     """A fresh rendezvous port, not one an open job on the same host uses."""
     used = set()
     for jid in ctx.store.job_ids(open_only=True):
-        a = ctx.store.job_assignment(jid)
-        if a.get("master_addr") == master:
-            used.add(int(a.get("master_port", 0)))
+        addr, port = ctx.store.rendezvous(jid)
+        if addr == master:
+            used.add(port)
     lo, hi = ctx.cfg.rdzv_ports
     while True:
         port = random.randrange(lo, hi)

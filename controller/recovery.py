@@ -50,7 +50,13 @@ def with_local_world(ranks: list[RankEntry], host_of: dict[str, str]) -> list[Ra
     per_host: dict[str, int] = {}
     for r in ranks:
         per_host[host_of.get(r.wid, r.wid)] = per_host.get(host_of.get(r.wid, r.wid), 0) + 1
-    return [dc_replace(r, local_world_size=per_host[host_of.get(r.wid, r.wid)]) for r in ranks]
+    # an entry is rebuilt only where its count changed: a recovery keeps almost all of them
+    return [
+        r
+        if r.local_world_size == (n := per_host[host_of.get(r.wid, r.wid)])
+        else dc_replace(r, local_world_size=n)
+        for r in ranks
+    ]
 
 
 def _by_slot(r: RankEntry) -> tuple[int, int]:

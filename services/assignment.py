@@ -124,7 +124,24 @@ class Assignment:
         return [r for r in self.ranks if r.wid == wid]
 
     def to_fields(self) -> dict:
-        out = {
+        """The whole hash (None values are not written)."""
+        return self._header() | {f"rank:{r.rank}": r.to_json() for r in self.ranks}
+
+    def changes_from(self, old: Assignment) -> tuple[dict, list[str]]:
+        """What turns `old`'s hash into this one's, for a generation of the same shape: the
+        fields to write (the header, and the ranks whose entry changed) and the header fields
+        to delete (now None). A recovery that moves a few ranks writes those few entries."""
+        header = self._header()
+        ranks = {
+            f"rank:{r.rank}": r.to_json()
+            for r, o in zip(self.ranks, old.ranks, strict=True)
+            if r != o
+        }
+        set_ = {f: v for f, v in header.items() if v is not None}
+        return set_ | ranks, [f for f, v in header.items() if v is None]
+
+    def _header(self) -> dict:
+        return {
             "job": self.job,
             "generation": self.generation,
             "world_size": self.shape.world_size,
@@ -143,8 +160,6 @@ class Assignment:
             if self.store_wid is None
             else {"wid": self.store_wid, "since": self.store_since},
         }
-        out.update({f"rank:{r.rank}": r.to_json() for r in self.ranks})
-        return out
 
     @classmethod
     def from_fields(cls, h: dict[str, str]) -> Assignment | None:

@@ -79,6 +79,7 @@ return 0
 # holds the type its command needs, as the earlier commands will have left it. A failed check
 # returns 'REFUSED command <n> (<verb> <key>): <why>' and writes nothing.
 #   HSET key field value [field value ...]      DEL key [key ...]
+#   HDEL key field [field ...]
 #   DELIFEQ key field value: DEL key if HGET key field == value
 #   ZREM key member [member ...]                PUBLISH channel message
 #   ZADD key score member (one member; the score a number)
@@ -92,7 +93,7 @@ local ok, cmds = pcall(cjson.decode, ARGV[2])
 if not ok or type(cmds) ~= 'table' then
   return redis.error_reply('REFUSED command list: not a JSON array')
 end
-local NEEDS = {HSET = 'hash', DELIFEQ = 'hash', ZREM = 'zset', ZADD = 'zset', XADD = 'stream', DEL = 'any', PUBLISH = 'any'}
+local NEEDS = {HSET = 'hash', HDEL = 'hash', DELIFEQ = 'hash', ZREM = 'zset', ZADD = 'zset', XADD = 'stream', DEL = 'any', PUBLISH = 'any'}
 local function well_formed(c)
   local v, n = c[1], #c
   for i = 1, n do if type(c[i]) ~= 'string' then return false end end
@@ -101,7 +102,7 @@ local function well_formed(c)
   if v == 'DELIFEQ' then return n == 4 end
   if v == 'ZADD' then return n == 4 and tonumber(c[3]) ~= nil end
   if v == 'PUBLISH' then return n == 3 end
-  return n >= (v == 'DEL' and 2 or 3)  -- DEL key..., ZREM key member...
+  return n >= (v == 'DEL' and 2 or 3)  -- DEL key..., ZREM key member..., HDEL key field...
 end
 local function last_key(c)  -- keys are c[2] .. c[last_key(c)]
   if c[1] == 'PUBLISH' then return 1 end  -- a channel is not a key
@@ -118,7 +119,7 @@ end
 for n, c in ipairs(cmds) do
   if type(c) ~= 'table' then return refuse(n, {}, 'not a list') end
   local need = NEEDS[c[1]]
-  if not need then return refuse(n, c, 'unknown verb; allowed: HSET DEL DELIFEQ ZREM ZADD XADD PUBLISH') end
+  if not need then return refuse(n, c, 'unknown verb; allowed: HSET HDEL DEL DELIFEQ ZREM ZADD XADD PUBLISH') end
   if not well_formed(c) then return refuse(n, c, 'wrong number or form of arguments') end
   for i = 2, last_key(c) do
     local k = c[i]
@@ -131,7 +132,7 @@ for n, c in ipairs(cmds) do
         return refuse(n, c, 'key ' .. k .. ' holds a ' .. kind[k] .. ', ' .. c[1] .. ' needs a ' .. need)
       end
     end
-    -- HSET and XADD create their type; DEL empties; DELIFEQ and ZREM may empty a key, which
+    -- HSET and XADD create their type; DEL empties; DELIFEQ, HDEL and ZREM may empty a key, which
     -- is still fine for any later command on that key that this check lets through.
     if c[1] == 'DEL' then kind[k] = 'none' elseif c[1] == 'HSET' or c[1] == 'XADD' or c[1] == 'ZADD' then kind[k] = need end
   end

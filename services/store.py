@@ -189,6 +189,9 @@ class Tx:
     def delete(self, *keys: str) -> Tx:
         return self._add(["DEL", *keys], *keys)
 
+    def hdel(self, key: str, *fields: str) -> Tx:
+        return self._add(["HDEL", key, *fields], key) if fields else self
+
     def delete_if(self, key: str, field_: str, value: str) -> Tx:
         """Delete hash `key` only if its `field_` still equals `value`."""
         return self._add(["DELIFEQ", key, field_, value], key)
@@ -720,7 +723,7 @@ class Store:
         self, jid: str, generation: int, step: int, path: str, keep: int = 1_000_000, *, wid: str
     ) -> list[dict] | None:
         """Move the checkpoint pointer, only within the job's current generation and forward,
-        and only for worker `wid` while its assignment names that job and generation.
+        and only for worker `wid` while its pointer names that job.
         None when refused; else the history entries that fell out of the newest `keep`, which
         no pointer references any more (the only checkpoints anyone may delete)."""
         dropped = self._durable(
@@ -832,6 +835,12 @@ class Store:
     def assignments(self, wids: list[str]) -> dict[str, dict[str, str]]:
         """The workers' pointers (job, role)."""
         return self._hashes(wids, self.keys.worker_assignment)
+
+    def rendezvous(self, jid: str) -> tuple[str | None, int | None]:
+        """The (address, port) of the job's current assignment: two fields, not the hash (a
+        16,384-rank job's holds as many entries)."""
+        addr, port = self.r.hmget(self.keys.job_assignment(jid), "master_addr", "master_port")
+        return addr, int(port) if port else None
 
     def generations(self, jids: set[str]) -> dict[str, int]:
         """Each job's current generation, as its assignment says (absent: none yet)."""
