@@ -20,6 +20,9 @@ gates each one) and the job's recovery record:
 - healthy step (not part of the total): the median step time before the kill, at the slowest
   rank, what the first step compares with.
 
+After the kills, each size prints how many keys the job's one rendezvous store holds (a
+TCPStore drops none: controller/apply.py `STORE_GENERATIONS` bounds the generations it serves).
+
 Every phase is fitted as t = a * N^b over the sizes (least squares in log-log), and projected
 to 1k, 16k and 100k ranks from the largest size measured. Gloo on one host cannot show what
 grows at real scale on other parts (NCCL communicator init, a TCPStore serving thousands of
@@ -137,7 +140,8 @@ def phases(t_kill: float, record: dict, m: dict[str, float]) -> dict[str, float]
 
 def one_size(world: int, kills: int) -> list[dict[str, float]]:
     at = [EVERY * (i + 1) + 2 for i in range(kills)]
-    spec = workload(world, at[-1] + EVERY)
+    # steps to spare after the last kill: the job's store is read while the job still runs
+    spec = workload(world, at[-1] + 3 * EVERY)
     out = []
     with local_stack(world + 1) as (stack, client):
         run_dir = stack.cfg.run_dir
@@ -159,6 +163,7 @@ def one_size(world: int, kills: int) -> list[dict[str, float]]:
                 900,
                 f"generation {gen + 1}'s first step",
             )
+            keys = store_keys(client.job(jid).mesh.rendezvous)
             record = wait(
                 lambda gen=gen: (rs := client.job(jid).recoveries) and len(rs) == gen and rs[-1],
                 60,
@@ -176,8 +181,7 @@ def one_size(world: int, kills: int) -> list[dict[str, float]]:
         # what the job's one store holds after every generation so far: a TCPStore drops no
         # key, which is why a store serves at most STORE_GENERATIONS (controller/apply.py)
         print(
-            f"  {world:>3} ranks: the job's store holds "
-            f"{store_keys(client.job(jid).mesh.rendezvous)} keys after {kills + 1} generations",
+            f"  {world:>3} ranks: the job's store held {keys} keys after {kills + 1} generations",
             flush=True,
         )
         client.cancel(jid)
