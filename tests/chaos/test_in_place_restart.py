@@ -27,6 +27,10 @@ def test_a_kill_keeps_every_other_ranks_process_and_the_exact_curve(two_nodes, u
     spec = mesh_spec("in-place", parallel={"dp": 4, "tp": 2}, spares=0)
     want = uninterrupted(spec)
     w, j1 = start(two_nodes, spec)
+    # both agents follow the job's generations on its assignment channel (without it, only a
+    # heartbeat's answer or the periodic re-read would tell them, later)
+    channel = two_nodes.store.keys.job_assignment(j1.id)
+    assert two_nodes.store.r.pubsub_numsub(channel) == [(channel, 2)]
     before = {r.rank: r.pid for r in j1.mesh.ranks}
     victim = 5  # replica 2's second TP rank: its replica's peer and three replicas survive
     j2 = killed_in_place(two_nodes, w, j1, victim)  # a restart, every rank from memory
